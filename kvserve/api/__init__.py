@@ -1,0 +1,1 @@
+"""HTTP layer: FastAPI routes per protocol, pydantic wire models, SSE. No torch, no engine internals."""

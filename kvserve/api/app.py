@@ -1,0 +1,42 @@
+"""FastAPI app factory: one ChatService behind every protocol's routes."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import Response
+
+from kvserve import __version__
+from kvserve.api import info_routes
+from kvserve.api.anthropic_messages import router as anthropic_router
+from kvserve.api.auth import ApiKeyMiddleware
+from kvserve.api.disconnect import ClientDisconnected
+from kvserve.api.errors import install_error_handlers
+from kvserve.api.openai_chat import router as chat_router
+from kvserve.api.openai_completions import router as completions_router
+from kvserve.api.openai_responses import router as responses_router
+from kvserve.api.settings import ApiSettings
+from kvserve.serving.chat_service import ChatService
+
+# Status nginx uses for "client closed request"; nobody reads it, but logs should not say 200 or 500.
+_CLIENT_CLOSED = 499
+
+
+def create_app(service: ChatService, settings: ApiSettings | None = None) -> FastAPI:
+    settings = settings or ApiSettings()
+    app = FastAPI(title="kvserve", version=__version__)
+    app.state.chat_service = service
+    app.state.settings = settings
+    install_error_handlers(app)
+
+    @app.exception_handler(ClientDisconnected)
+    async def _disconnected(request: Request, error: ClientDisconnected) -> Response:
+        return Response(status_code=_CLIENT_CLOSED)
+
+    for module in (chat_router, completions_router, anthropic_router, responses_router, info_routes):
+        app.include_router(module.router)
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.cors:  # added last so it wraps auth: preflights and 401s carry CORS headers
+        app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    return app

@@ -1,0 +1,35 @@
+"""Read and validate a request body: size limit (413), strict JSON, pydantic wire model (400)."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from kvserve.api.errors import ApiError, validation_message
+from kvserve.api.json_body import parse_json_body
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body is larger than {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_model(request: Request, model: type[M]) -> M:
+    data = parse_json_body(await read_body(request, request.app.state.settings.max_body_bytes))
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        message, param = validation_message(error)
+        raise ApiError(400, message, param=param) from None

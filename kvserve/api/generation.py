@@ -1,0 +1,50 @@
+"""The shared middle of every generation route: prepare off the loop, then stream or collect."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol, TypeVar
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from kvserve.api.disconnect import cancel_on_disconnect
+from kvserve.api.errors import ApiError
+from kvserve.serving.chat_service import ChatService, PreparedRequest
+from kvserve.serving.events import GenerationEvent
+from kvserve.serving.result import GenerationResult, collect
+
+T = TypeVar("T")
+
+
+class StreamEncoder(Protocol):
+    def start(self) -> list[str]: ...
+
+    def encode(self, event: GenerationEvent) -> list[str]: ...
+
+
+def chat_service(request: Request) -> ChatService:
+    return request.app.state.chat_service
+
+
+async def prepare(fn: Callable[[T], PreparedRequest], item: T) -> PreparedRequest:
+    """Render and tokenize in a worker thread: a 100K-token prompt must not stall other streams."""
+    return await run_in_threadpool(fn, item)
+
+
+async def encode_stream(encoder: StreamEncoder, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[str]:
+    for frame in encoder.start():
+        yield frame
+    try:
+        async for event in events:
+            for frame in encoder.encode(event):
+                yield frame
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]  # a disconnect aborts the engine request
+
+
+async def complete(request: Request, events: AsyncIterator[GenerationEvent]) -> GenerationResult:
+    result = await cancel_on_disconnect(request, collect(events))
+    if result.error is not None:
+        raise ApiError(500, result.error)
+    return result

@@ -1,0 +1,194 @@
+"""Chat Completions wire <-> ChatRequest / GenerationEvents."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvserve.api.errors import ApiError
+from kvserve.api.openai_chat.schema import ChatCompletionRequest, ChatMessage, ContentPart
+from kvserve.api.request_fields import (
+    arguments_text, image_part, max_tokens, new_id, reasoning_from_effort, stop_list,
+)
+from kvserve.api.sse import DONE, KEEPALIVE, data_frame
+from kvserve.chat.conversation import (
+    ChatRequest, GenerationOptions, Message, NamedToolChoice, Part, ReasoningPart, Role, SamplingOptions,
+    TextPart, ToolCallPart, ToolChoice, ToolResultPart, ToolSpec,
+)
+from kvserve.serving.events import (
+    Failed, Finished, GenerationEvent, PrefillProgress, ReasoningDelta, TextDelta, ToolCallArgsDelta,
+    ToolCallEnd, ToolCallStart, Usage,
+)
+from kvserve.serving.result import GenerationResult
+
+_ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user",
+                           "assistant": "assistant", "tool": "tool", "function": "tool"}
+
+
+# -- request ---------------------------------------------------------------------------
+
+def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
+    if wire.n is not None and wire.n != 1:
+        raise ApiError(400, "only n=1 is supported", param="n")
+    if not wire.messages:
+        raise ApiError(400, "messages must not be empty", param="messages")
+    limit = wire.max_completion_tokens if wire.max_completion_tokens is not None else wire.max_tokens
+    logprobs = (wire.top_logprobs or 0) if wire.logprobs else None
+    options = GenerationOptions(
+        sampling=SamplingOptions(
+            temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k, min_p=wire.min_p,
+            seed=wire.seed, presence_penalty=wire.presence_penalty,
+            frequency_penalty=wire.frequency_penalty, repetition_penalty=wire.repetition_penalty,
+            logprobs=logprobs, ignore_eos=wire.ignore_eos,
+        ),
+        stop=stop_list(wire.stop),
+        max_tokens=max_tokens(limit, "max_tokens"),
+    )
+    return ChatRequest(
+        messages=tuple(_message(m, i) for i, m in enumerate(wire.messages)),
+        options=options,
+        tools=tuple(
+            ToolSpec(t.function.name, t.function.description or "",
+                     t.function.parameters or {"type": "object", "properties": {}})
+            for t in wire.tools or () if t.type == "function" and t.function is not None
+        ),
+        tool_choice=tool_choice(wire.tool_choice),
+        reasoning=reasoning_from_effort(wire.reasoning_effort),
+        response_format=wire.response_format,
+    )
+
+
+def tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
+    if value is None:
+        return "auto"
+    if value in ("auto", "none", "required"):
+        return value  # type: ignore[return-value]
+    if isinstance(value, dict):
+        name = (value.get("function") or {}).get("name") if isinstance(value.get("function"), dict) else None
+        if value.get("type") == "function" and isinstance(name, str):
+            return NamedToolChoice(name)
+    raise ApiError(400, 'tool_choice must be "auto", "none", "required" or a named function',
+                   param="tool_choice")
+
+
+def _message(message: ChatMessage, index: int) -> Message:
+    role = _ROLES.get(message.role)
+    if role is None:
+        raise ApiError(400, f"unknown role {message.role!r}", param=f"messages.{index}.role")
+    parts: list[Part] = []
+    if role == "assistant" and (message.reasoning_content or message.reasoning):
+        parts.append(ReasoningPart(message.reasoning_content or message.reasoning or ""))
+    content = _content_parts(message.content, index)
+    if role == "tool":
+        text = "".join(p.text for p in content if isinstance(p, TextPart))
+        return Message("tool", (ToolResultPart(message.tool_call_id or "", text),))
+    parts.extend(content)
+    for call in message.tool_calls or ():
+        parts.append(ToolCallPart(call.id or new_id("call_"), call.function.name,
+                                  arguments_text(call.function.arguments)))
+    return Message(role, tuple(parts))
+
+
+def _content_parts(content: str | list[ContentPart] | None, index: int) -> list[Part]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [TextPart(content)]
+    parts: list[Part] = []
+    for k, part in enumerate(content):
+        param = f"messages.{index}.content.{k}"
+        if part.type in ("text", "input_text") and part.text is not None:
+            parts.append(TextPart(part.text))
+        elif part.type == "image_url" and part.image_url is not None:
+            parts.append(image_part(part.image_url.url, param))
+        else:
+            raise ApiError(400, f"unsupported content part of type {part.type!r}", param=param)
+    return parts
+
+
+# -- response --------------------------------------------------------------------------
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def tool_call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": f"call_{call_id}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def to_response(result: GenerationResult, completion_id: str, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning
+    if result.tool_calls:
+        message["tool_calls"] = [tool_call_json(c.id, c.name, c.arguments) for c in result.tool_calls]
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}],
+        "usage": usage_json(result.usage),
+    }
+
+
+class ChatStreamEncoder:
+    """GenerationEvents -> `chat.completion.chunk` SSE frames, ending with `data: [DONE]`."""
+
+    def __init__(self, completion_id: str, model: str, include_usage: bool):
+        self.completion_id = completion_id
+        self.model = model
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self._usage: Usage | None = None
+        self._args_streamed: set[int] = set()
+
+    def start(self) -> list[str]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def encode(self, event: GenerationEvent) -> list[str]:
+        match event:
+            case TextDelta(text):
+                return [self._chunk({"content": text})]
+            case ReasoningDelta(text):
+                return [self._chunk({"reasoning_content": text})]
+            case ToolCallStart(index, call_id, name):
+                call = {"index": index, **tool_call_json(call_id, name, "")}
+                return [self._chunk({"tool_calls": [call]})]
+            case ToolCallArgsDelta(index, fragment):
+                self._args_streamed.add(index)
+                return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})]
+            case ToolCallEnd(index, arguments):
+                if index in self._args_streamed:
+                    return []
+                return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]})]
+            case Usage():
+                self._usage = event
+                return []
+            case Finished(reason):
+                frames = [self._chunk({}, reason)]
+                if self.include_usage and self._usage is not None:
+                    frames.append(data_frame(self._envelope([], usage_json(self._usage))))
+                return [*frames, DONE]
+            case Failed(error):
+                body = {"error": {"message": error, "type": "server_error", "param": None, "code": None}}
+                return [data_frame(body), DONE]
+            case PrefillProgress():
+                return [KEEPALIVE]
+        return []
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return data_frame(self._envelope([choice]))
+
+    def _envelope(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {"id": self.completion_id, "object": "chat.completion.chunk",
+                                 "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            chunk["usage"] = usage
+        return chunk

@@ -1,0 +1,85 @@
+"""Completions wire <-> TextRequest / GenerationEvents."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvserve.api.errors import ApiError
+from kvserve.api.openai_chat.adapter import usage_json
+from kvserve.api.openai_completions.schema import CompletionRequest
+from kvserve.api.request_fields import max_tokens, stop_list
+from kvserve.api.sse import DONE, KEEPALIVE, data_frame
+from kvserve.chat.conversation import GenerationOptions, SamplingOptions, TextRequest
+from kvserve.serving.events import Failed, Finished, GenerationEvent, PrefillProgress, TextDelta, Usage
+from kvserve.serving.result import GenerationResult
+
+
+def to_text_request(wire: CompletionRequest) -> TextRequest:
+    for name in ("n", "best_of"):
+        if getattr(wire, name) not in (None, 1):
+            raise ApiError(400, f"only {name}=1 is supported", param=name)
+    if wire.echo:
+        raise ApiError(400, "echo is not supported", param="echo")
+    if isinstance(wire.prompt, list):
+        if len(wire.prompt) != 1:
+            raise ApiError(400, "exactly one prompt is supported per request", param="prompt")
+        prompt = wire.prompt[0]
+    else:
+        prompt = wire.prompt
+    options = GenerationOptions(
+        sampling=SamplingOptions(
+            temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k, min_p=wire.min_p, seed=wire.seed,
+            presence_penalty=wire.presence_penalty, frequency_penalty=wire.frequency_penalty,
+            repetition_penalty=wire.repetition_penalty, logprobs=wire.logprobs, ignore_eos=wire.ignore_eos,
+        ),
+        stop=stop_list(wire.stop),
+        max_tokens=max_tokens(wire.max_tokens, "max_tokens"),
+    )
+    return TextRequest(prompt, options)
+
+
+def to_response(result: GenerationResult, completion_id: str, model: str) -> dict[str, Any]:
+    return {
+        "id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}],
+        "usage": usage_json(result.usage),
+    }
+
+
+class CompletionStreamEncoder:
+    def __init__(self, completion_id: str, model: str, include_usage: bool):
+        self.completion_id = completion_id
+        self.model = model
+        self.include_usage = include_usage
+        self.created = int(time.time())
+        self._usage: Usage | None = None
+
+    def start(self) -> list[str]:
+        return []
+
+    def encode(self, event: GenerationEvent) -> list[str]:
+        match event:
+            case TextDelta(text):
+                return [self._chunk(text, None)]
+            case Usage():
+                self._usage = event
+            case Finished(reason):
+                frames = [self._chunk("", reason)]
+                if self.include_usage and self._usage is not None:
+                    frames.append(data_frame({**self._envelope([]), "usage": usage_json(self._usage)}))
+                return [*frames, DONE]
+            case Failed(error):
+                return [data_frame({"error": {"message": error, "type": "server_error", "param": None,
+                                              "code": None}}), DONE]
+            case PrefillProgress():
+                return [KEEPALIVE]
+        return []
+
+    def _chunk(self, text: str, finish_reason: str | None) -> str:
+        return data_frame(self._envelope([{"text": text, "index": 0, "logprobs": None,
+                                           "finish_reason": finish_reason}]))
+
+    def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.completion_id, "object": "text_completion", "created": self.created,
+                "model": self.model, "choices": choices}

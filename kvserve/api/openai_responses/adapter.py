@@ -1,0 +1,174 @@
+"""Responses wire -> ChatRequest. (The event encoder lives in encoder.py.)"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvserve.api.errors import ApiError
+from kvserve.api.openai_responses.schema import InputContent, InputItem, ResponsesRequest
+from kvserve.api.request_fields import arguments_text, image_part, max_tokens, reasoning_from_effort, stop_list
+from kvserve.chat.conversation import (
+    ChatRequest, GenerationOptions, Message, NamedToolChoice, Part, ReasoningPart, Role, SamplingOptions,
+    TextPart, ToolCallPart, ToolChoice, ToolResultPart, ToolSpec,
+)
+
+_ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+# Bookkeeping items with nothing to render.
+_IGNORED_ITEMS = ("compaction", "context_compaction", "item_reference")
+_SUMMARY_OPT_IN = ("auto", "concise", "detailed")
+NAMESPACE_SEPARATOR = "__"
+
+
+def flat_tool_name(namespace: str, name: str) -> str:
+    """The prompt-side name of a tool inside a namespace tool (Codex sends these)."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
+def wants_reasoning_summary(wire: ResponsesRequest) -> bool:
+    return wire.reasoning is not None and wire.reasoning.summary in _SUMMARY_OPT_IN
+
+
+def to_chat_request(wire: ResponsesRequest) -> ChatRequest:
+    if wire.previous_response_id is not None:
+        # The response store comes next; until then clients must replay (Codex always does).
+        raise ApiError(400, "previous_response_id is not supported yet; send the full input instead",
+                       param="previous_response_id")
+    messages: list[Message] = []
+    if wire.instructions:
+        messages.append(Message("system", (TextPart(wire.instructions),)))
+    items = [InputItem(type="message", role="user", content=wire.input)] if isinstance(wire.input, str) else wire.input
+    messages.extend(_messages(items))
+    if not messages:
+        raise ApiError(400, "input must not be empty", param="input")
+    options = GenerationOptions(
+        sampling=SamplingOptions(temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k, seed=wire.seed),
+        stop=stop_list(wire.stop),
+        max_tokens=max_tokens(wire.max_output_tokens, "max_output_tokens"),
+    )
+    effort = wire.reasoning.effort if wire.reasoning else None
+    text_format = (wire.text or {}).get("format")
+    return ChatRequest(
+        messages=tuple(messages),
+        options=options,
+        tools=tools(wire.tools or []),
+        tool_choice=_tool_choice(wire.tool_choice),
+        reasoning=reasoning_from_effort(effort, "reasoning.effort"),
+        response_format=text_format if isinstance(text_format, dict) and text_format.get("type") != "text" else None,
+    )
+
+
+def tools(wire_tools: list[dict[str, Any]]) -> tuple[ToolSpec, ...]:
+    """Function tools, namespace tools flattened; hosted tools (web_search, ...) are skipped."""
+    specs: list[ToolSpec] = []
+    for i, tool in enumerate(wire_tools):
+        kind = tool.get("type")
+        if kind == "function":
+            specs.append(_function_spec(tool, None, f"tools.{i}"))
+        elif kind == "namespace":
+            for k, inner in enumerate(tool.get("tools") or []):
+                if isinstance(inner, dict) and inner.get("type", "function") == "function":
+                    specs.append(_function_spec(inner, tool.get("name"), f"tools.{i}.tools.{k}"))
+    return tuple(specs)
+
+
+def _function_spec(tool: dict[str, Any], namespace: Any, param: str) -> ToolSpec:
+    name, parameters = tool.get("name"), tool.get("parameters")
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, f"{param}.name must be a non-empty string", param=f"{param}.name")
+    if isinstance(namespace, str) and namespace:
+        name = flat_tool_name(namespace, name)
+    description = tool.get("description") if isinstance(tool.get("description"), str) else ""
+    return ToolSpec(name, description, parameters if isinstance(parameters, dict) else {"type": "object",
+                                                                                        "properties": {}})
+
+
+def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
+    if value is None or value in ("auto", "none", "required"):
+        return value or "auto"  # type: ignore[return-value]
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+        return NamedToolChoice(value["name"])
+    raise ApiError(400, 'tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}',
+                   param="tool_choice")
+
+
+def _messages(items: list[InputItem]) -> list[Message]:
+    """Items -> messages: calls merge into the preceding assistant turn, reasoning attaches to the next one."""
+    out: list[Message] = []
+    reasoning: list[Part] = []
+
+    def add_assistant(parts: list[Part]) -> None:
+        nonlocal reasoning
+        parts = reasoning + parts
+        reasoning = []
+        if out and out[-1].role == "assistant" and not any(isinstance(p, ReasoningPart) for p in parts):
+            out[-1] = Message("assistant", out[-1].parts + tuple(parts))
+        else:
+            out.append(Message("assistant", tuple(parts)))
+
+    for i, item in enumerate(items):
+        param = f"input.{i}"
+        kind = item.type
+        if kind == "message":
+            role = _ROLES.get(item.role or "user")
+            if role is None:
+                raise ApiError(400, f"{param}.role: unknown role {item.role!r}", param=f"{param}.role")
+            parts = _content(item.content, param)
+            if role == "assistant":
+                add_assistant(parts)
+                continue
+            if reasoning:  # reasoning with no assistant turn after it
+                out.append(Message("assistant", tuple(reasoning)))
+                reasoning = []
+            out.append(Message(role, tuple(parts)))
+        elif kind == "reasoning":
+            text = "".join(p.text or "" for p in (item.summary or []))
+            text += "".join(p.text or "" for p in (item.content or []) if isinstance(p, InputContent))
+            reasoning.append(ReasoningPart(text))
+        elif kind in ("function_call", "custom_tool_call"):
+            name = item.name or ""
+            if item.namespace:
+                name = flat_tool_name(item.namespace, name)
+            if kind == "function_call":
+                arguments = arguments_text({} if item.arguments is None else item.arguments)
+            else:  # a custom tool takes free text; it travels as the one `input` argument
+                arguments = json.dumps({"input": item.input if isinstance(item.input, str) else ""},
+                                       ensure_ascii=False)
+            add_assistant([ToolCallPart(item.call_id or item.id or "", name, arguments)])
+        elif kind.endswith("_call_output") or kind == "tool_search_output":
+            out.append(Message("tool", (ToolResultPart(item.call_id or item.id or "", _output_text(item.output)),)))
+        elif kind.endswith("_call"):  # hosted calls replayed in history (local_shell_call, web_search_call, ...)
+            add_assistant([ToolCallPart(item.call_id or item.id or "", kind.removesuffix("_call"), "{}")])
+        elif kind not in _IGNORED_ITEMS:
+            raise ApiError(400, f"{param}: unsupported input item type {kind!r}", param=f"{param}.type")
+    if reasoning:
+        out.append(Message("assistant", tuple(reasoning)))
+    return out
+
+
+def _content(content: str | list[InputContent] | None, param: str) -> list[Part]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [TextPart(content)]
+    parts: list[Part] = []
+    for k, part in enumerate(content):
+        if part.type in _TEXT_PARTS:
+            parts.append(TextPart(part.text or ""))
+        elif part.type == "input_image" and part.image_url:
+            parts.append(image_part(part.image_url, f"{param}.content.{k}"))
+        else:
+            raise ApiError(400, f"{param}.content.{k}: unsupported content type {part.type!r}",
+                           param=f"{param}.content.{k}")
+    return parts
+
+
+def _output_text(output: Any) -> str:
+    if output is None:
+        return ""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):  # content array
+        return "".join(p.get("text", "") for p in output if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return json.dumps(output, ensure_ascii=False)

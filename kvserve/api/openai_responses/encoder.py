@@ -1,0 +1,187 @@
+"""GenerationEvents -> Responses output items and SSE events (each with a `sequence_number`).
+
+One encoder serves both modes: the non-streaming route feeds it every event, drops the
+frames and returns `response()`, so the two modes cannot disagree on the final object.
+Items are closed as soon as the next one starts, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvserve.api.openai_responses.adapter import NAMESPACE_SEPARATOR
+from kvserve.api.request_fields import new_id
+from kvserve.api.sse import KEEPALIVE, event_frame
+from kvserve.serving.events import (
+    Failed, Finished, GenerationEvent, PrefillProgress, ReasoningDelta, TextDelta, ToolCallArgsDelta,
+    ToolCallEnd, ToolCallStart, Usage,
+)
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens}
+
+
+class ResponsesEncoder:
+    def __init__(self, response_id: str, model: str, echo: dict[str, Any], include_reasoning: bool,
+                 namespaces: frozenset[str] = frozenset()):
+        self.response_id = response_id
+        self.model = model
+        self.echo = echo  # request fields repeated in every response object
+        self.include_reasoning = include_reasoning
+        self.namespaces = namespaces
+        self.created_at = int(time.time())
+        self.output: list[dict[str, Any]] = []
+        self.status = "in_progress"
+        self.error: dict[str, str] | None = None
+        self.incomplete_details: dict[str, str] | None = None
+        self._usage: Usage | None = None
+        self._open: dict[str, Any] | None = None
+        self._args_streamed = False
+        self._sequence = 0
+
+    def response(self) -> dict[str, Any]:
+        return {"id": self.response_id, "object": "response", "created_at": self.created_at,
+                "status": self.status, "model": self.model, "output": self.output,
+                "usage": None if self._usage is None or self.status == "in_progress" else usage_json(self._usage),
+                "error": self.error, "incomplete_details": self.incomplete_details, **self.echo}
+
+    def start(self) -> list[str]:
+        return [self._frame("response.created", response=self.response()),
+                self._frame("response.in_progress", response=self.response())]
+
+    def encode(self, event: GenerationEvent) -> list[str]:
+        match event:
+            case TextDelta(text):
+                frames = self._ensure_message()
+                item = self._open
+                assert item is not None
+                item["content"][0]["text"] += text
+                return frames + [self._frame("response.output_text.delta", item_id=item["id"],
+                                             output_index=self._index, content_index=0, delta=text, logprobs=[])]
+            case ReasoningDelta(text):
+                if not self.include_reasoning:
+                    return []
+                frames = self._ensure_reasoning()
+                item = self._open
+                assert item is not None
+                item["summary"][0]["text"] += text
+                return frames + [self._frame("response.reasoning_summary_text.delta", item_id=item["id"],
+                                             output_index=self._index, summary_index=0, delta=text)]
+            case ToolCallStart(_, call_id, name):
+                return self._close() + self._open_item(self._function_call(call_id, name))
+            case ToolCallArgsDelta(_, fragment):
+                assert self._open is not None
+                self._open["arguments"] += fragment
+                self._args_streamed = True
+                return [self._frame("response.function_call_arguments.delta", item_id=self._open["id"],
+                                    output_index=self._index, delta=fragment)]
+            case ToolCallEnd(_, arguments):
+                return self._end_call(arguments)
+            case Usage():
+                self._usage = event
+            case Finished(reason):
+                frames = self._close()
+                if reason == "length":
+                    self.status, self.incomplete_details = "incomplete", {"reason": "max_output_tokens"}
+                    return frames + [self._frame("response.incomplete", response=self.response())]
+                self.status = "completed"
+                return frames + [self._frame("response.completed", response=self.response())]
+            case Failed(error):
+                frames = self._close()
+                self.status, self.error = "failed", {"code": "server_error", "message": error}
+                return frames + [self._frame("response.failed", response=self.response())]
+            case PrefillProgress():
+                return [KEEPALIVE]
+        return []
+
+    # -- items -------------------------------------------------------------------------
+
+    @property
+    def _index(self) -> int:
+        return len(self.output) - 1
+
+    def _ensure_message(self) -> list[str]:
+        if self._open is not None and self._open["type"] == "message":
+            return []
+        item = {"id": new_id("msg_"), "type": "message", "status": "in_progress", "role": "assistant",
+                "content": []}
+        frames = self._close() + self._open_item(item)
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        item["content"].append(part)
+        return frames + [self._frame("response.content_part.added", item_id=item["id"], output_index=self._index,
+                                     content_index=0, part={**part})]
+
+    def _ensure_reasoning(self) -> list[str]:
+        if self._open is not None and self._open["type"] == "reasoning":
+            return []
+        item = {"id": new_id("rs_"), "type": "reasoning", "status": "in_progress", "summary": []}
+        frames = self._close() + self._open_item(item)
+        item["summary"].append({"type": "summary_text", "text": ""})
+        return frames + [self._frame("response.reasoning_summary_part.added", item_id=item["id"],
+                                     output_index=self._index, summary_index=0,
+                                     part={"type": "summary_text", "text": ""})]
+
+    def _function_call(self, call_id: str, name: str) -> dict[str, Any]:
+        item = {"id": new_id("fc_"), "type": "function_call", "status": "in_progress",
+                "call_id": f"call_{call_id}", "name": name, "arguments": ""}
+        namespace, sep, short = name.partition(NAMESPACE_SEPARATOR)
+        if sep and namespace in self.namespaces:  # give the client back its own namespace/name pair
+            item["namespace"], item["name"] = namespace, short
+        self._args_streamed = False
+        return item
+
+    def _open_item(self, item: dict[str, Any]) -> list[str]:
+        self.output.append(item)
+        self._open = item
+        return [self._frame("response.output_item.added", output_index=self._index, item=_snapshot(item))]
+
+    def _end_call(self, arguments: str) -> list[str]:
+        item = self._open
+        assert item is not None and item["type"] == "function_call"
+        frames = []
+        if not self._args_streamed:
+            frames.append(self._frame("response.function_call_arguments.delta", item_id=item["id"],
+                                      output_index=self._index, delta=arguments))
+        item["arguments"] = arguments
+        frames.append(self._frame("response.function_call_arguments.done", item_id=item["id"],
+                                  output_index=self._index, name=item["name"], arguments=arguments))
+        return frames + self._close()
+
+    def _close(self) -> list[str]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        item["status"] = "completed"
+        frames = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            frames += [self._frame("response.output_text.done", item_id=item["id"], output_index=self._index,
+                                   content_index=0, text=part["text"], logprobs=[]),
+                       self._frame("response.content_part.done", item_id=item["id"], output_index=self._index,
+                                   content_index=0, part=dict(part))]
+        elif item["type"] == "reasoning":
+            text = item["summary"][0]["text"]
+            frames += [self._frame("response.reasoning_summary_text.done", item_id=item["id"],
+                                   output_index=self._index, summary_index=0, text=text),
+                       self._frame("response.reasoning_summary_part.done", item_id=item["id"],
+                                   output_index=self._index, summary_index=0,
+                                   part={"type": "summary_text", "text": text})]
+        return frames + [self._frame("response.output_item.done", output_index=self._index, item=_snapshot(item))]
+
+    def _frame(self, event_type: str, **payload: Any) -> str:
+        frame = event_frame(event_type, {"type": event_type, "sequence_number": self._sequence, **payload})
+        self._sequence += 1
+        return frame
+
+
+def _snapshot(item: dict[str, Any]) -> dict[str, Any]:
+    """A copy, so later in-place updates of the open item do not rewrite frames already built."""
+    copy = dict(item)
+    for key in ("content", "summary"):
+        if key in copy:
+            copy[key] = [dict(part) for part in copy[key]]
+    return copy

@@ -1,0 +1,51 @@
+"""Wire-field conversions shared by the protocol adapters (each raises a 400 ApiError on bad input)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from kvserve.api.errors import ApiError
+from kvserve.chat.conversation import ImagePart, ReasoningControl
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else stop
+    return tuple(s for s in items if s)
+
+
+def max_tokens(value: int | None, param: str) -> int | None:
+    if value is not None and value < 0:
+        raise ApiError(400, f"{param} must be >= 0", param=param)
+    return value
+
+
+def reasoning_from_effort(effort: str | None, param: str = "reasoning_effort") -> ReasoningControl:
+    if effort is None:
+        return ReasoningControl()
+    if effort not in REASONING_EFFORTS:
+        raise ApiError(400, f"{param} must be one of {', '.join(REASONING_EFFORTS)}", param=param)
+    return ReasoningControl(enabled=effort != "none", effort=effort)
+
+
+def image_part(url: str, param: str) -> ImagePart:
+    """Images only as data: URIs; the server never fetches URLs or reads paths."""
+    if not url.startswith("data:image/"):
+        raise ApiError(400, "images must be given as data:image/... URIs; URLs are not fetched", param=param)
+    return ImagePart(url)
+
+
+def arguments_text(arguments: str | dict[str, Any] | Any) -> str:
+    """Tool-call arguments as JSON text: strings are kept verbatim, objects serialized compactly."""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))

@@ -1,0 +1,14 @@
+"""HTTP server settings (from `kvserve serve` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    served_model_name: str = "kvserve"
+    api_key: str | None = None  # checked on every route except /health and HEAD /
+    cors: bool = False
+    max_body_bytes: int = 64 * 2**20
+    owned_by: str = "kvserve"

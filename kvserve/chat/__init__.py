@@ -1,0 +1,1 @@
+"""Pure-Python chat layer: rendering, detokenization, stop handling (no torch, no engine)."""

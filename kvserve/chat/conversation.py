@@ -1,0 +1,145 @@
+"""The canonical conversation: what every chat API is translated into before rendering.
+
+Wire adapters build these; the renderer and ChatService read them. Nothing here knows
+about a protocol's field names, so the three chat APIs share one pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningPart:
+    """Reasoning a model produced earlier (rendered back only where the template wants it)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallPart:
+    """A call the assistant made. `arguments` is the JSON text as the client sent it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolResultPart:
+    tool_call_id: str
+    content: str
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """An image, only ever as a `data:` URI (URLs and paths are rejected at the edge)."""
+
+    url: str
+
+
+Part = TextPart | ReasoningPart | ToolCallPart | ToolResultPart | ImagePart
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    parts: tuple[Part, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, ReasoningPart))
+
+    @property
+    def tool_calls(self) -> tuple[ToolCallPart, ...]:
+        return tuple(p for p in self.parts if isinstance(p, ToolCallPart))
+
+    @property
+    def has_images(self) -> bool:
+        return any(isinstance(p, ImagePart) for p in self.parts)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call; `parameters` is a JSON Schema object (key order kept)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass(frozen=True)
+class NamedToolChoice:
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+@dataclass(frozen=True)
+class ReasoningControl:
+    """`enabled=None` leaves the model's default; `effort` is the client's word (low/medium/high/...)."""
+
+    enabled: bool | None = None
+    effort: str | None = None
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampling as the client asked; None = the server default. Validated by the engine's params."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logprobs: int | None = None  # None: off; 0: sampled token only; k: plus the top k
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What every request carries, chat or raw prompt."""
+
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None  # None: up to the context limit
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[Message, ...]
+    options: GenerationOptions = field(default_factory=GenerationOptions)
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    reasoning: ReasoningControl = field(default_factory=ReasoningControl)
+    response_format: dict[str, Any] | None = None  # OpenAI json_schema/json_object; enforced in issue 4
+
+    @property
+    def active_tools(self) -> tuple[ToolSpec, ...]:
+        """Tools offered to the model: none at all with tool_choice "none"."""
+        return () if self.tool_choice == "none" else self.tools
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """A raw-prompt completion (legacy /v1/completions): no chat template."""
+
+    prompt: str
+    options: GenerationOptions = field(default_factory=GenerationOptions)

@@ -1,0 +1,159 @@
+"""Render a ChatRequest into prompt text with the model's Jinja chat template.
+
+Same semantics as Hugging Face `apply_chat_template` (sandboxed Jinja, `trim_blocks` and
+`lstrip_blocks`, `raise_exception`, `tojson`, `strftime_now`, special-token variables),
+without importing transformers: the template comes from the model file and is trusted
+only as far as the sandbox allows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kvserve.chat.conversation import ChatRequest, ImagePart, Message, TextPart, ToolResultPart
+
+# Used when the model file has no template (base models): plain ChatML.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the conversation (raise_exception) or failed on it; a client 400."""
+
+
+class _GenerationTag(Extension):
+    """`{% generation %}…{% endgeneration %}` marks assistant spans for training masks in HF;
+    for inference it only has to render its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # HF overrides Jinja's tojson: no HTML escaping, non-ASCII kept as is.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class ChatRenderer:
+    """Renders conversations for one model. `special_tokens` maps bos_token/eos_token/... to text."""
+
+    def __init__(self, template: str | None, special_tokens: Mapping[str, str] | None = None):
+        self.template_source = template or CHATML_TEMPLATE
+        self.special_tokens = dict(special_tokens or {})
+        try:
+            self._template = _compile(self.template_source)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(f"the model's chat template does not compile: {error}") from error
+
+    def render(self, request: ChatRequest, add_generation_prompt: bool = True) -> str:
+        context: dict[str, Any] = {
+            **self.special_tokens,
+            "messages": to_template_messages(request.messages),
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if request.active_tools:
+            context["tools"] = [
+                {"type": "function",
+                 "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+                for t in request.active_tools
+            ]
+        if request.reasoning.enabled is not None:  # Qwen3-style switch; ignored by other templates
+            context["enable_thinking"] = request.reasoning.enabled
+        if request.reasoning.effort is not None:
+            context["reasoning_effort"] = request.reasoning.effort
+        try:
+            return self._template.render(**context)
+        except ChatTemplateError:
+            raise
+        except jinja2.TemplateError as error:
+            raise ChatTemplateError(f"chat template error: {error}") from error
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
+            # A template written for other message shapes (e.g. content None); the request is at fault.
+            raise ChatTemplateError(f"chat template cannot render this conversation: {error}") from error
+
+
+def to_template_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+    """Canonical messages -> the dict shapes HF templates expect."""
+    names_by_call_id = {c.id: c.name for m in messages for c in m.tool_calls}
+    return [_to_template_message(m, names_by_call_id) for m in messages]
+
+
+def _to_template_message(message: Message, names_by_call_id: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": _template_content(message)}
+    if message.role == "assistant":
+        if message.reasoning:
+            out["reasoning_content"] = message.reasoning
+        if message.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": _parse_arguments(c.arguments)}}
+                for c in message.tool_calls
+            ]
+    if message.role == "tool":
+        result = next((p for p in message.parts if isinstance(p, ToolResultPart)), None)
+        if result is not None:
+            out["tool_call_id"] = result.tool_call_id
+            if result.tool_call_id in names_by_call_id:
+                out["name"] = names_by_call_id[result.tool_call_id]
+    return out
+
+
+def _template_content(message: Message) -> str | list[dict[str, Any]]:
+    # Templates concatenate `content` as a string; only multimodal messages get the list form.
+    text = message.text + "".join(p.content for p in message.parts if isinstance(p, ToolResultPart))
+    if not message.has_images:
+        return text
+    parts: list[dict[str, Any]] = []
+    for part in message.parts:
+        if isinstance(part, ImagePart):
+            parts.append({"type": "image", "image": part.url})
+        elif isinstance(part, TextPart):
+            parts.append({"type": "text", "text": part.text})
+    return parts
+
+
+def _parse_arguments(arguments: str) -> Any:
+    """HF templates expect a dict (they `tojson` it); keep the text when it is not a JSON object."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments

@@ -1,0 +1,77 @@
+"""`kvserve bench engine`: engine throughput beside llama.cpp on the same GGUF."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks")
+    bench_sub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    e = bench_sub.add_parser("engine", help="offline prefill/decode throughput vs llama.cpp")
+    e.add_argument("--prefill-lens", default="512,2048", help="comma-separated prompt lengths")
+    e.add_argument("--concurrency", default="1,4,16", help="comma-separated stream counts for decode")
+    e.add_argument("--decode-tokens", type=int, default=128)
+    e.add_argument("--repeats", type=int, default=2, help="best of N for prefill")
+    e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    e.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads for both engines")
+    e.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add_engine_args(e)
+    e.set_defaults(func=run_engine, max_num_batched_tokens=2048)
+
+
+def run_engine(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvserve.bench.engine_bench import bench_kvserve, bench_llama_cpp
+
+    torch.set_num_threads(args.threads)
+    prefill_lens = [int(x) for x in args.prefill_lens.split(",")]
+    concurrency = [int(x) for x in args.concurrency.split(",")]
+    engine = build_engine(engine_config_from_args(args))
+    ours = bench_kvserve(engine, prefill_lens, concurrency, args.decode_tokens, args.repeats)
+    peer = None
+    if not args.no_peer:
+        if engine.loaded.path.suffix != ".gguf":
+            peer = "llama.cpp needs a GGUF model"
+        else:
+            vocab = engine.loaded.arch.vocab_size
+            peer = bench_llama_cpp(
+                str(engine.loaded.path), vocab, prefill_lens, args.decode_tokens, args.repeats, args.threads
+            )
+    table = Table("metric", "kvserve", "llama.cpp", "ratio", title=f"kvserve bench engine ({args.model})")
+    for n, ours_v in ours.prefill_tok_s.items():
+        _row(table, f"prefill {n} tok (tok/s)", ours_v, peer, "prefill_tok_s", n)
+    for c, ours_v in ours.decode_tok_s.items():
+        _row(table, f"decode x{c} (tok/s)", ours_v, peer, "decode_tok_s", 1 if c > 1 else c)
+    console = Console()
+    console.print(table)
+    if isinstance(peer, str):
+        console.print(f"[yellow]peer skipped: {peer}[/]")
+    console.print("ratios for x4/x16 are against llama.cpp's single stream")
+    report = {
+        "model": args.model,
+        "dtype": engine.config.dtype,
+        "threads": args.threads,
+        "machine": platform.processor() or platform.machine(),
+        "kvserve": ours.to_json(),
+        "llama_cpp": peer.to_json() if peer is not None and not isinstance(peer, str) else peer,
+    }
+    print(json.dumps(report))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _row(table, label: str, ours: float, peer, attr: str, key: int) -> None:  # noqa: ANN001
+    theirs = getattr(peer, attr).get(key) if peer is not None and not isinstance(peer, str) else None
+    ratio = f"{ours / theirs:.2f}x" if theirs else "-"
+    table.add_row(label, f"{ours:.1f}", f"{theirs:.1f}" if theirs else "-", ratio)

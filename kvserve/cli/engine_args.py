@@ -1,0 +1,59 @@
+"""Engine flags shared by every subcommand that runs a model, mapped onto EngineConfig."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kvserve.config import CacheConfig, EngineConfig, SchedulerConfig, resolve
+from kvserve.engine.core import EngineCore
+
+logger = logging.getLogger(__name__)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", "-m", default=d.model, help="GGUF file, HF folder or alias (see `kvserve models`)")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
+                   help="compute dtype; auto = bf16 on CUDA and CPUs with AMX/AVX512-BF16, else fp32")
+    g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto")
+    g.add_argument("--ctx", type=int, default=d.max_model_len, help="context length (0 = the model's)")
+    g.add_argument("--max-num-seqs", type=int, default=d.scheduler.max_num_seqs,
+                   help="sequences decoded together (continuous batching)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.scheduler.max_num_batched_tokens,
+                   help="token budget of one step (prefill chunk size)")
+    g.add_argument("--block-size", type=int, default=d.cache.block_size, help="tokens per KV block")
+    g.add_argument("--kv-cache-memory-mb", type=int, default=d.cache.kv_cache_memory_mb,
+                   help="KV pool size (0 = auto)")
+    g.add_argument("--seed", type=int, default=d.seed, help="global RNG seed for unseeded requests")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.ctx,
+        cache=CacheConfig(block_size=args.block_size, kv_cache_memory_mb=args.kv_cache_memory_mb),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+        ),
+        seed=args.seed,
+    )
+
+
+def build_engine(config: EngineConfig, progress: bool = True) -> EngineCore:
+    """Load the model and build the engine; a bad model path exits with a one-line error."""
+    import torch
+
+    from kvserve.models.loader import ModelLoadError, load_model
+
+    config = resolve(config)
+    torch.manual_seed(config.seed)
+    try:
+        loaded = load_model(config.model, config.torch_dtype, config.device, progress=progress)
+    except ModelLoadError as error:
+        sys.exit(f"kvserve: {error}")
+    return EngineCore(config, loaded)

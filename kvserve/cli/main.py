@@ -1,0 +1,34 @@
+"""`kvserve` root command: serve | chat | generate | models | bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from kvserve import __version__
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from kvserve.cli import bench, chat, generate, models
+
+    parser = argparse.ArgumentParser(prog="kvserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kvserve {__version__}")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (generate, chat, models, bench):
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        sys.exit(130)

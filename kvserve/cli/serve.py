@@ -1,0 +1,55 @@
+"""`kvserve serve`: the OpenAI + Anthropic compatible HTTP server over one engine."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+
+logger = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the model over HTTP (OpenAI Chat/Completions/Responses, Anthropic)")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=None,
+                   help="require this key (Authorization: Bearer or x-api-key) on every route but /health")
+    g.add_argument("--cors", action="store_true", help="allow cross-origin requests from any origin")
+    g.add_argument("--served-model-name", default=None,
+                   help="model id shown by /v1/models (default: the --model value's name)")
+    g.add_argument("--max-body-mb", type=int, default=64, help="largest request body; bigger ones get 413")
+    g.add_argument("--chdir", default=None, help="change to this directory before loading the model")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from kvserve.api.app import create_app
+    from kvserve.api.settings import ApiSettings
+    from kvserve.engine.client import AsyncEngineClient
+    from kvserve.serving.chat_service import ChatService
+
+    if args.chdir:
+        os.chdir(args.chdir)
+    core = build_engine(engine_config_from_args(args))
+    engine = AsyncEngineClient(core)
+    model_name = args.served_model_name or Path(args.model).stem
+    service = ChatService(engine, core.loaded.tokenizer, core.max_model_len, model_name)
+    settings = ApiSettings(served_model_name=model_name, api_key=args.api_key, cors=args.cors,
+                           max_body_bytes=args.max_body_mb * 2**20)
+    app = create_app(service, settings)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        logger.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
+    logger.info("kvserve: serving %s on http://%s:%d (ctx %d)", model_name, args.host, args.port,
+                core.max_model_len)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=True)
+    finally:
+        engine.shutdown()

@@ -1,0 +1,72 @@
+"""Frozen configuration tree; `resolve()` fills every "auto" value once and logs the choice."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    # RAM/VRAM for the paged KV pool; 0 = auto (enough for max_num_seqs full contexts, capped).
+    kv_cache_memory_mb: int = 0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2"
+    dtype: DTypeName = "auto"
+    device: str = "auto"
+    max_model_len: int = 0  # --ctx; 0 = the model's context length (capped by --kv-cache-memory-mb)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        assert self.dtype != "auto", "call resolve() first"
+        return _DTYPES[self.dtype]
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True with AMX or AVX512-BF16, where oneDNN's bf16 matmuls beat fp32; elsewhere bf16 is emulated."""
+    return _cpuinfo_has("amx_bf16") or _cpuinfo_has("avx512_bf16")
+
+
+def _cpuinfo_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+def resolve(config: EngineConfig) -> EngineConfig:
+    """Fill device and dtype; max_model_len is clamped later, once the model is known."""
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = config.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") or cpu_has_fast_bf16() else "float32"
+        logger.info("dtype auto -> %s (device %s)", dtype, device)
+    if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:
+        # Otherwise the last running sequences would get no decode slot in a step.
+        raise ValueError("--max-num-batched-tokens must be >= --max-num-seqs")
+    return dataclasses.replace(config, device=device, dtype=dtype)

@@ -1,0 +1,149 @@
+"""AsyncEngineClient: the asyncio side of the engine thread.
+
+The engine runs in its own thread so tokenization, rendering and HTTP never block a
+step. The two sides exchange typed messages only: `_Add`/`_Abort`/`_Shutdown` go in
+through a queue, `EngineOutput`s come back per request through asyncio queues.
+Cancelling the consumer of `generate()` (client disconnect) aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from kvserve.engine.core import EngineCore
+from kvserve.engine.outputs import EngineOutput
+from kvserve.engine.request import Request
+from kvserve.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread failed; in-flight requests end with this error."""
+
+
+@dataclass(frozen=True)
+class _Add:
+    request: Request
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue[EngineOutput | BaseException]
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Shutdown:
+    pass
+
+
+_Message = _Add | _Abort | _Shutdown
+
+
+class AsyncEngineClient:
+    def __init__(self, core: EngineCore):
+        self.core = core
+        self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
+        self._streams: dict[str, _Add] = {}  # touched by the engine thread only
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        """Stream one request's outputs; raises PromptTooLongError before queueing."""
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        request = self.core.make_request(request_id, prompt_token_ids, params)
+        outputs: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
+        self._inbox.put(_Add(request, asyncio.get_running_loop(), outputs))
+        finished = False
+        try:
+            while not finished:
+                item = await outputs.get()
+                if isinstance(item, ValueError):
+                    raise item
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(str(item)) from item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:  # consumer went away (disconnect, cancel, break)
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._inbox.put(_Shutdown())
+        self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self._dead is None
+
+    # -- engine thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._handle_inbox(block=not self.core.has_unfinished_requests()):
+                if self.core.has_unfinished_requests():
+                    self._dispatch(self.core.step())
+        except BaseException as error:  # noqa: BLE001 - the thread edge: fail every waiter, log once
+            logger.exception("engine thread failed")
+            self._dead = error
+            for add in self._streams.values():
+                add.loop.call_soon_threadsafe(add.outputs.put_nowait, error)
+            self._streams.clear()
+
+    def _handle_inbox(self, block: bool) -> bool:
+        """Apply queued messages; wait for one when idle. False once shut down."""
+        while True:
+            try:
+                message = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if isinstance(message, _Shutdown):
+                return False
+            if isinstance(message, _Add):
+                try:
+                    self.core.add_request(message.request)
+                except ValueError as error:  # a bad request fails alone, never the engine
+                    message.loop.call_soon_threadsafe(message.outputs.put_nowait, error)
+                    continue
+                self._streams[message.request.request_id] = message
+            elif message.request_id in self._streams:
+                self.core.abort_request(message.request_id)
+
+    def _dispatch(self, outputs: list[EngineOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Add, EngineOutput]]] = {}
+        for output in outputs:
+            add = self._streams.get(output.request_id)
+            if add is None:
+                continue
+            if output.finished:
+                del self._streams[output.request_id]
+            by_loop.setdefault(add.loop, []).append((add, output))
+        # One wake-up per event loop per step, not one per token.
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the consumer's loop closed: nobody is listening any more
+                for add, output in items:
+                    if not output.finished:
+                        self._streams.pop(add.request.request_id, None)
+                        self.core.abort_request(add.request.request_id)
+
+
+def _deliver(items: list[tuple[_Add, EngineOutput]]) -> None:
+    for add, output in items:
+        add.outputs.put_nowait(output)

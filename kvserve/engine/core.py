@@ -1,0 +1,129 @@
+"""EngineCore: the step loop (schedule -> execute -> update) over one model and one KV pool."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from kvserve.config import EngineConfig, resolve
+from kvserve.engine.kv_cache.manager import KVCacheManager
+from kvserve.engine.outputs import EngineOutput, RunnerOutput
+from kvserve.engine.request import Request
+from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
+from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.scheduler import RequestTooLongError, Scheduler
+from kvserve.models.loaded import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+# Auto-sized KV pools stay under this on CPU so a laptop keeps its RAM; --kv-cache-memory-mb overrides.
+_AUTO_KV_CAP_MB = 4096
+
+
+# The prompt does not fit the context (or the KV pool); the API maps it to context_length_exceeded.
+PromptTooLongError = RequestTooLongError
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel):
+        config = resolve(config)
+        self.config = config
+        self.loaded = loaded
+        self.device = torch.device(config.device)
+        self.max_model_len = _resolve_max_model_len(config, loaded)
+        block_size = config.cache.block_size
+        self.num_blocks = _resolve_num_blocks(config, loaded, self.max_model_len)
+        self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=loaded.fingerprint)
+        self.scheduler = Scheduler(
+            max_num_seqs=config.scheduler.max_num_seqs,
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+            kv_manager=self.kv_manager,
+            max_model_len=self.max_model_len,
+        )
+        self.runner = ModelRunner(loaded, self.num_blocks, block_size, self.device)
+        logger.info(
+            "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
+            self.max_model_len,
+            self.num_blocks,
+            block_size,
+            self.num_blocks * kv_bytes_per_block(loaded, block_size) / 2**20,
+            config.dtype,
+            config.device,
+        )
+
+    def make_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> Request:
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=params,
+            eos_token_ids=self.loaded.tokenizer.eos_token_ids,
+            arrival_time=time.monotonic(),
+            max_model_len=self.max_model_len,
+        )
+        # Checked here, on the caller's thread, so the error reaches it before queueing.
+        limit = self.scheduler.token_limit(request)
+        if len(prompt_token_ids) >= limit:
+            raise PromptTooLongError(f"prompt has {len(prompt_token_ids)} tokens; the context is {limit}")
+        return request
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineOutput]:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = (
+            self.runner.execute(scheduler_output) if scheduler_output.scheduled else RunnerOutput()
+        )
+        outputs = self.scheduler.update(scheduler_output, runner_output)
+        self.runner.release([o.request_id for o in outputs if o.finished])
+        return outputs
+
+    def generate(self, requests: list[Request]) -> dict[str, list[EngineOutput]]:
+        """Run `requests` to completion (offline use: CLI, benchmarks, tests)."""
+        results: dict[str, list[EngineOutput]] = {r.request_id: [] for r in requests}
+        for request in requests:
+            self.add_request(request)
+        while self.has_unfinished_requests():
+            for output in self.step():
+                results[output.request_id].append(output)
+        return results
+
+
+def _resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> int:
+    if config.max_model_len <= 0:
+        return loaded.max_model_len
+    if config.max_model_len > loaded.max_model_len:
+        logger.warning(
+            "--ctx %d exceeds the model's context %d; using %d",
+            config.max_model_len,
+            loaded.max_model_len,
+            loaded.max_model_len,
+        )
+        return loaded.max_model_len
+    return config.max_model_len
+
+
+def _resolve_num_blocks(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
+    block_size = config.cache.block_size
+    per_block = kv_bytes_per_block(loaded, block_size)
+    blocks_per_seq = -(-max_model_len // block_size)
+    if config.cache.kv_cache_memory_mb > 0:
+        num_blocks = config.cache.kv_cache_memory_mb * 2**20 // per_block
+    else:
+        wanted = blocks_per_seq * config.scheduler.max_num_seqs
+        num_blocks = min(wanted, _AUTO_KV_CAP_MB * 2**20 // per_block)
+    # At least one full-context sequence must fit, else a long prompt could never be scheduled.
+    num_blocks = max(num_blocks, blocks_per_seq + 1)
+    return int(num_blocks)

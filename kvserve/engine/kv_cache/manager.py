@@ -1,0 +1,159 @@
+"""KVCacheManager: each request's block table over one BlockPool, with automatic prefix sharing.
+
+Every full block of a request whose KV has been computed (prompt and generated tokens
+alike) is registered under its chain hash, so a later request that starts with the same
+tokens (an exact repeat, a branch, or an extension of a finished conversation) reuses
+those blocks instead of recomputing them, whether their owner is still running or gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
+from kvserve.engine.kv_cache.block_pool import Block, BlockPool
+from kvserve.engine.request import Request
+
+
+class ComputedBlocks(NamedTuple):
+    blocks: list[Block]  # cached blocks covering the request's leading tokens
+    num_computed_tokens: int  # len(blocks) * block_size
+
+
+@dataclass
+class PrefixCacheStats:
+    """Counted once per admission (see allocate_slots), for metrics."""
+
+    num_requests: int = 0
+    num_query_tokens: int = 0
+    num_hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_query_tokens if self.num_query_tokens else 0.0
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, block_size: int, num_blocks: int, extra_key: bytes | str = b"") -> None:
+        assert block_size > 0
+        self.block_size = block_size
+        self.extra_key = extra_key
+        self.pool = BlockPool(num_blocks)
+        self.stats = PrefixCacheStats()
+        self._blocks: dict[str, list[Block]] = {}
+        self._hashes: dict[str, list[BlockHash]] = {}
+        self._num_cached_blocks: dict[str, int] = {}  # leading blocks already registered
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.pool.num_usable_blocks
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Most tokens one request's KV can ever occupy: the whole pool."""
+        return self.pool.num_usable_blocks * self.block_size
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests (cached-but-free blocks count as free)."""
+        return 1.0 - self.pool.num_free_blocks / self.pool.num_usable_blocks
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self._blocks.get(request_id, ())]
+
+    def get_computed_blocks(self, request: Request) -> ComputedBlocks:
+        """Longest chain of cached full blocks that prefixes the request's tokens.
+
+        The hit is capped at num_tokens - 1 (rounded down to a block) because the last
+        token must be computed to produce logits to sample from.
+        """
+        hashes = self._block_hashes(request, request.num_tokens)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        blocks: list[Block] = []
+        for block_hash in hashes[:max_hit_blocks]:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return ComputedBlocks(blocks, len(blocks) * self.block_size)
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[Block] = ()
+    ) -> list[Block] | None:
+        """Grow the request's block table to hold `num_new_tokens` more tokens.
+
+        `new_computed_blocks` (from get_computed_blocks, only at admission) are shared, not
+        allocated. Returns the newly allocated blocks, or None (and changes nothing) when
+        the pool cannot supply them.
+        """
+        blocks = self._blocks.get(request.request_id, ())
+        assert not new_computed_blocks or (not blocks and request.num_computed_tokens == 0), (
+            "prefix hits are shared only at admission"
+        )
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_needed = _cdiv(num_computed + num_new_tokens, self.block_size)
+        num_new_blocks = max(0, num_needed - len(blocks) - len(new_computed_blocks))
+        # Sharing a cached block that is free takes it off the free list too.
+        num_revived = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        if num_new_blocks + num_revived > self.pool.num_free_blocks:
+            return None
+        if request.request_id not in self._blocks:
+            self._record_admission(request, len(new_computed_blocks))
+            self._num_cached_blocks[request.request_id] = len(new_computed_blocks)
+        # NOTE: touch before allocate, or allocate could evict the very blocks being shared.
+        self.pool.touch(new_computed_blocks)
+        new_blocks = self.pool.allocate(num_new_blocks)
+        table = self._blocks.setdefault(request.request_id, [])
+        table.extend(new_computed_blocks)
+        table.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's full blocks within its first `num_computed_tokens` tokens."""
+        request_id = request.request_id
+        num_full = num_computed_tokens // self.block_size
+        num_cached = self._num_cached_blocks.get(request_id, 0)
+        if num_full <= num_cached:
+            return
+        blocks = self._blocks[request_id]
+        hashes = self._block_hashes(request, num_full * self.block_size)
+        for index in range(num_cached, num_full):
+            self.pool.cache_full_block(blocks[index], hashes[index])
+        self._num_cached_blocks[request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks (they stay cached until evicted). Unknown ids: no-op."""
+        request_id = request.request_id
+        self.pool.free(self._blocks.pop(request_id, []))
+        self._hashes.pop(request_id, None)
+        self._num_cached_blocks.pop(request_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached hash (e.g. after a weight reload). Blocks of running requests
+        already registered stay unshared for the rest of their life."""
+        self.pool.reset_prefix_cache()
+
+    def _block_hashes(self, request: Request, num_tokens: int) -> list[BlockHash]:
+        """The request's chain hashes covering its first `num_tokens` tokens, hashed incrementally."""
+        hashes = self._hashes.get(request.request_id, [])
+        if len(hashes) < num_tokens // self.block_size:
+            tokens = request.all_token_ids[:num_tokens]
+            hashes = compute_block_hashes(tokens, self.block_size, self.extra_key, hashes)
+            self._hashes[request.request_id] = hashes
+        return hashes
+
+    def _record_admission(self, request: Request, num_hit_blocks: int) -> None:
+        # Counted when allocation succeeds, so a request retried while blocked counts once.
+        self.stats.num_requests += 1
+        self.stats.num_query_tokens += request.num_tokens
+        self.stats.num_hit_tokens += num_hit_blocks * self.block_size

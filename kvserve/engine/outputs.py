@@ -1,0 +1,71 @@
+"""The typed objects that cross the scheduler -> runner -> scheduler -> client boundaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvserve.engine.request import FinishReason, Logprob, Request
+
+
+@dataclass
+class ScheduledRequest:
+    """One sequence's share of a step: compute `num_new_tokens` tokens starting at
+    `request.num_computed_tokens`, whose KV goes into `block_ids` (the full block table)."""
+
+    request: Request
+    num_new_tokens: int
+    block_ids: list[int]
+
+    @property
+    def start(self) -> int:
+        return self.request.num_computed_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.request.num_output_tokens > 0 and self.num_new_tokens == 1
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the known tokens, so a token is sampled."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """The one batch plan per step; decodes come first, then prefill chunks."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+    aborted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class RunnerOutput:
+    """Sampled token (and logprobs when asked) for each scheduled request that samples."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, Logprob] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """What a client sees after a step: new tokens of one request, and its end if it ended."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_logprobs: tuple[Logprob, ...] = ()
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,74 @@
+"""Flattening a SchedulerOutput into the tensors one model forward needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.engine.outputs import ScheduledRequest
+from kvserve.models.layers.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    attn: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_sampling] rows of the hidden states to turn into logits
+    sampling: list[ScheduledRequest]  # the requests that sample this step, in logits_indices order
+
+
+def build_model_inputs(
+    scheduled: list[ScheduledRequest], block_size: int, device: torch.device
+) -> ModelInputs:
+    """Decodes must come first (the scheduler's order); the attention backend relies on it."""
+    token_ids: list[int] = []
+    query_start_loc = [0]
+    seq_lens: list[int] = []
+    context_lens: list[int] = []
+    logits_rows: list[int] = []
+    sampling: list[ScheduledRequest] = []
+    num_decodes = 0
+    for s in scheduled:
+        start, n = s.start, s.num_new_tokens
+        token_ids.extend(s.request.all_token_ids[start : start + n])
+        context_lens.append(start)
+        seq_lens.append(start + n)
+        query_start_loc.append(query_start_loc[-1] + n)
+        if n == 1 and num_decodes == len(seq_lens) - 1:
+            num_decodes += 1
+        if s.samples:
+            logits_rows.append(query_start_loc[-1] - 1)
+            sampling.append(s)
+
+    max_blocks = max(len(s.block_ids) for s in scheduled)
+    block_tables = torch.zeros(len(scheduled), max_blocks, dtype=torch.int64)
+    for i, s in enumerate(scheduled):
+        block_tables[i, : len(s.block_ids)] = torch.tensor(s.block_ids, dtype=torch.int64)
+
+    # Per-token sequence index and position, then one gather for the slot of every new token.
+    counts = torch.tensor([s.num_new_tokens for s in scheduled], dtype=torch.int64)
+    seq_index = torch.repeat_interleave(torch.arange(len(scheduled)), counts)
+    starts = torch.tensor(context_lens, dtype=torch.int64)
+    offsets = torch.arange(len(token_ids), dtype=torch.int64) - torch.tensor(query_start_loc[:-1])[seq_index]
+    positions = starts[seq_index] + offsets
+    slot_mapping = block_tables[seq_index, positions // block_size] * block_size + positions % block_size
+
+    attn = AttentionMetadata(
+        block_size=block_size,
+        num_decodes=num_decodes,
+        slot_mapping=slot_mapping.to(device, non_blocking=True),
+        block_tables=block_tables.to(device, non_blocking=True),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int64).to(device, non_blocking=True),
+        query_start_loc_cpu=query_start_loc,
+        seq_lens_cpu=seq_lens,
+        context_lens_cpu=context_lens,
+    )
+    return ModelInputs(
+        input_ids=torch.tensor(token_ids, dtype=torch.int64).to(device, non_blocking=True),
+        positions=positions.to(device, non_blocking=True),
+        attn=attn,
+        logits_indices=torch.tensor(logits_rows, dtype=torch.int64).to(device, non_blocking=True),
+        sampling=sampling,
+    )

@@ -1,0 +1,85 @@
+"""ModelRunner: owns the KV pool tensors, runs one forward per step and samples on the device."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import torch
+
+from kvserve.engine.outputs import RunnerOutput, SchedulerOutput
+from kvserve.engine.runner.batch import build_model_inputs
+from kvserve.engine.sampler import Sampler, SamplingBatch, make_generator
+from kvserve.models.layers.attention.metadata import forward_context
+from kvserve.models.loaded import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+
+def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
+    num_layers, num_kv_heads, head_dim = loaded.model.kv_cache_spec()
+    element_size = torch.empty((), dtype=loaded.dtype).element_size()
+    return num_layers * 2 * block_size * num_kv_heads * head_dim * element_size
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zero-filled KV memory. Masked slots are still read by attention, so it must hold finite
+    values; on CPU, numpy's calloc gives lazily-zeroed pages, so a multi-GB pool costs nothing
+    until used (torch.zeros would touch every page at start-up)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8)).view(dtype).view(shape)
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device):
+        self.model = loaded.model
+        self.device = device
+        self.block_size = block_size
+        self.vocab_size = loaded.arch.vocab_size
+        num_layers, num_kv_heads, head_dim = self.model.kv_cache_spec()
+        # [2, num_blocks, block_size, num_kv_heads, head_dim] per layer: K then V.
+        shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+        self.kv_caches = [_zeros(shape, loaded.dtype, device) for _ in range(num_layers)]
+        self.model.bind_kv_caches(self.kv_caches)
+        self.sampler = Sampler()
+        self._generators: dict[str, torch.Generator | None] = {}
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
+        inputs = build_model_inputs(scheduler_output.scheduled, self.block_size, self.device)
+        with forward_context(inputs.attn):
+            hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
+        if not inputs.sampling:
+            return RunnerOutput()
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
+        requests = [s.request for s in inputs.sampling]
+        batch = SamplingBatch.build(
+            params=[r.sampling_params for r in requests],
+            prompt_token_ids=[r.prompt_token_ids for r in requests],
+            output_token_ids=[r.output_token_ids for r in requests],
+            generators=[self._generator(r.request_id, r.sampling_params.seed) for r in requests],
+            vocab_size=logits.shape[-1],
+            device=self.device,
+        )
+        sampled = self.sampler(logits, batch)
+        token_ids = sampled.sampled_token_ids.tolist()  # the one host sync of a step
+        output = RunnerOutput()
+        for request, token_id, logprob in zip(requests, token_ids, sampled.logprobs):
+            output.sampled_token_ids[request.request_id] = token_id
+            if logprob is not None:
+                output.logprobs[request.request_id] = logprob
+        return output
+
+    def release(self, request_ids: list[str]) -> None:
+        """Forget per-request sampling state (seeded generators) of finished requests."""
+        for request_id in request_ids:
+            self._generators.pop(request_id, None)
+
+    def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
+        # Created once per request so a seeded request's draws continue across steps.
+        if request_id not in self._generators:
+            self._generators[request_id] = make_generator(seed, self.device)
+        return self._generators[request_id]

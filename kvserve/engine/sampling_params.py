@@ -1,0 +1,54 @@
+"""SamplingParams: how one request picks its next tokens (frozen, validated once)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+class SamplingParamsError(ValueError):
+    """A sampling field is out of range; the API layer turns it into a 400."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = 0  # 0 or -1: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI semantics, over generated tokens
+    frequency_penalty: float = 0.0  # OpenAI semantics, over generated tokens
+    repetition_penalty: float = 1.0  # HF/CTRL semantics, over prompt + generated tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # None: off; 0: sampled token only; k: plus the top k
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0"),
+            (self.top_k >= -1, "top_k must be -1, 0 or positive"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (0 < self.repetition_penalty <= 10, "repetition_penalty must be in (0, 10]"),
+            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]"),
+            (all(math.isfinite(b) for _, b in self.logit_bias), "logit_bias values must be finite"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SamplingParamsError(message)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        )

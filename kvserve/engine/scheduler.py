@@ -1,0 +1,230 @@
+"""Scheduler: continuous batching with chunked prefill, FCFS admission and preemption by recompute.
+
+Each step has a token budget. Running requests go first, in arrival order: a decode
+takes one token, a request still prefilling takes the next chunk of its prompt, so decodes
+keep flowing while a long prompt is prefilled over several steps. Waiting requests are then
+admitted first come, first served while the budget, `max_num_seqs` and the KV pool allow.
+When a running request needs a block and none is free, the latest arrival is preempted:
+its blocks are freed (they stay cached, so the recompute is often a prefix hit) and it
+goes back to the front of the queue with its output so far.
+
+The engine calls `schedule()`, runs the model, then `update()`, every step (also when
+the plan is empty: `update()` is where the final outputs of aborted requests come from).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvserve.engine.kv_cache.manager import KVCacheManager
+from kvserve.engine.outputs import EngineOutput, RunnerOutput, ScheduledRequest, SchedulerOutput
+from kvserve.engine.request import Logprob, Request, RequestStatus
+
+
+class RequestTooLongError(ValueError):
+    """The prompt leaves no room to generate: it reaches the context limit or the whole KV pool."""
+
+
+@dataclass
+class _StepPlan:
+    token_budget: int
+    decodes: list[ScheduledRequest] = field(default_factory=list)
+    prefills: list[ScheduledRequest] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+
+    def add(self, request: Request, num_new_tokens: int, block_ids: list[int]) -> None:
+        scheduled = ScheduledRequest(request, num_new_tokens, block_ids)
+        (self.decodes if scheduled.is_decode else self.prefills).append(scheduled)
+        self.token_budget -= num_new_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        kv_manager: KVCacheManager,
+        max_model_len: int,
+        long_prefill_token_threshold: int | None = None,
+    ) -> None:
+        assert max_num_seqs > 0 and max_num_batched_tokens > 0 and max_model_len > 1
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.kv = kv_manager
+        self.max_model_len = max_model_len
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.waiting: deque[Request] = deque()
+        # NOTE: in arrival order, since admission is FCFS and the preempted re-enter at the head
+        # of the queue; the last one is the latest arrival, preempted first.
+        self.running: list[Request] = []
+        self._requests: dict[str, Request] = {}  # every unfinished request
+        self._abort_ids: dict[str, None] = {}  # an ordered set, applied at the next schedule()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request. Raises RequestTooLongError if its prompt can never be served."""
+        limit = self.token_limit(request)
+        if request.num_prompt_tokens >= limit:
+            raise RequestTooLongError(
+                f"request {request.request_id}: {request.num_prompt_tokens} prompt tokens, limit {limit}"
+            )
+        assert request.request_id not in self._requests, f"duplicate request id {request.request_id}"
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+        self._requests[request.request_id] = request
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort at the next step boundary; unknown or already finished ids are ignored."""
+        if request_id in self._requests:
+            self._abort_ids[request_id] = None
+
+    def token_limit(self, request: Request) -> int:
+        """Most tokens (prompt + output) the request may reach: the context limit, and the
+        pool size, so that any request fits alone and preemption can never deadlock."""
+        limits = [self.max_model_len, self.kv.max_num_tokens]
+        if request.max_model_len is not None:
+            limits.append(request.max_model_len)
+        return min(limits)
+
+    def schedule(self) -> SchedulerOutput:
+        aborted = self._apply_aborts()
+        plan = _StepPlan(token_budget=self.max_num_batched_tokens)
+        self._schedule_running(plan)
+        # A step that had to preempt has no blocks to spare for newcomers.
+        if not plan.preempted_ids:
+            self._schedule_waiting(plan)
+        return SchedulerOutput(
+            scheduled=plan.decodes + plan.prefills, preempted_ids=plan.preempted_ids, aborted=aborted
+        )
+
+    def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
+        """Apply one step's results; returns the outputs of requests that got a token or ended."""
+        outputs = [self._output(request, None, None) for request in scheduler_output.aborted]
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            samples = scheduled.samples  # read before num_computed_tokens moves
+            request.num_computed_tokens += scheduled.num_new_tokens
+            self.kv.cache_blocks(request, request.num_computed_tokens)
+            if not samples:
+                continue
+            token_id = runner_output.sampled_token_ids.get(request.request_id)
+            # NOTE: without a token the request could never be scheduled again (nothing left to compute).
+            assert token_id is not None, f"runner sampled no token for {request.request_id}"
+            logprob = runner_output.logprobs.get(request.request_id)
+            request.output_token_ids.append(token_id)
+            if logprob is not None:
+                request.output_logprobs.append(logprob)
+            self._check_stop(request, token_id)
+            outputs.append(self._output(request, token_id, logprob))
+        self._release_finished()
+        return outputs
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        index = 0
+        while index < len(self.running) and plan.token_budget > 0:
+            request = self.running[index]
+            num_new_tokens = self._chunk(request.num_tokens - request.num_computed_tokens, plan)
+            if not self._allocate_or_preempt(request, num_new_tokens, plan):
+                return  # it preempted itself, being the last running request
+            plan.add(request, num_new_tokens, self.kv.block_ids(request.request_id))
+            index += 1
+
+    def _allocate_or_preempt(self, request: Request, num_new_tokens: int, plan: _StepPlan) -> bool:
+        """Get blocks for `request`, preempting the latest arrivals until they fit.
+
+        NOTE: victims come from the tail of `running`, which this step has not scheduled
+        yet, so no already-planned request is ever taken back."""
+        while self.kv.allocate_slots(request, num_new_tokens) is None:
+            victim = self.running.pop()
+            self._preempt(victim)
+            plan.preempted_ids.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        while self.waiting and plan.token_budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            hit = self.kv.get_computed_blocks(request)
+            num_new_tokens = self._chunk(request.num_tokens - hit.num_computed_tokens, plan)
+            if self.kv.allocate_slots(request, num_new_tokens, hit.blocks) is None:
+                return  # FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            request.num_computed_tokens = hit.num_computed_tokens
+            if request.num_cached_tokens < 0:  # reported for the first admission only
+                request.num_cached_tokens = hit.num_computed_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            plan.add(request, num_new_tokens, self.kv.block_ids(request.request_id))
+
+    def _chunk(self, num_remaining: int, plan: _StepPlan) -> int:
+        num_tokens = min(num_remaining, plan.token_budget)
+        if self.long_prefill_token_threshold:
+            num_tokens = min(num_tokens, self.long_prefill_token_threshold)
+        return num_tokens
+
+    def _preempt(self, request: Request) -> None:
+        # Recompute keeps the output: the re-prefill covers prompt + output so far.
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _apply_aborts(self) -> list[Request]:
+        aborted = []
+        for request_id in self._abort_ids:
+            request = self._requests.pop(request_id, None)
+            if request is None:  # finished since abort_request() was called
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self.kv.free(request)
+            request.status = RequestStatus.FINISHED_ABORTED
+            aborted.append(request)
+        self._abort_ids.clear()
+        return aborted
+
+    def _check_stop(self, request: Request, token_id: int) -> None:
+        params = request.sampling_params
+        is_eos = token_id in request.eos_token_ids and not params.ignore_eos
+        if is_eos or token_id in params.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+        elif (
+            request.num_output_tokens >= params.max_tokens
+            or request.num_tokens >= self.token_limit(request)
+        ):
+            request.status = RequestStatus.FINISHED_LENGTH
+
+    def _release_finished(self) -> None:
+        finished = [request for request in self.running if request.is_finished]
+        if not finished:
+            return
+        self.running = [request for request in self.running if not request.is_finished]
+        for request in finished:
+            self.kv.free(request)
+            del self._requests[request.request_id]
+
+    @staticmethod
+    def _output(request: Request, token_id: int | None, logprob: Logprob | None) -> EngineOutput:
+        return EngineOutput(
+            request_id=request.request_id,
+            new_token_ids=() if token_id is None else (token_id,),
+            new_logprobs=() if logprob is None else (logprob,),
+            finish_reason=request.finish_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )

@@ -1,0 +1,207 @@
+"""Blocks shared by every family: GQA attention over the paged cache, gated MLP, the
+pre-norm decoder layer, and `CausalLMBase`, which implements the runner's `CausalLM`
+protocol. Family files subclass and override only their deltas.
+
+Module attribute names follow HF checkpoints (`model.layers.N.self_attn.o_proj.weight`)
+so weight loading is the identity map except for the fused projections:
+q/k/v -> `qkv_proj` and gate/up -> `gate_up_proj` (see `CausalLMBase.map_hf_name`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvserve.models.config import LayerType, ModelArchConfig
+from kvserve.models.layers.activation import get_gated_activation
+from kvserve.models.layers.attention.backend import AttentionBackend
+from kvserve.models.layers.attention.metadata import get_attention_metadata
+from kvserve.models.layers.embedding import Embedding
+from kvserve.models.layers.linear import MergedLinear
+from kvserve.models.layers.norm import RMSNorm
+from kvserve.models.layers.rotary import RotaryEmbedding, apply_rotary
+
+RopeTables = dict[LayerType, tuple[torch.Tensor, torch.Tensor]]  # layer type -> (cos, sin)
+
+# HF projection name -> (our fused module, shard index inside it).
+FUSED_SHARDS: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        arch: ModelArchConfig,
+        layer_idx: int,
+        backend: AttentionBackend,
+        *,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm_offset: float | None = None,  # None: no q/k norm; else the RMSNorm weight offset
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim,
+        )
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(arch.hidden_size, (q_size, kv_size, kv_size), bias=qkv_bias)
+        self.o_proj = nn.Linear(q_size, arch.hidden_size, bias=o_bias)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if qk_norm_offset is not None:
+            self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, qk_norm_offset)
+            self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, qk_norm_offset)
+        self.layer_type = arch.layer_type(layer_idx)
+        self.sliding_window = arch.sliding_window if self.layer_type == "sliding_attention" else None
+        self.scale = (arch.query_pre_attn_scalar or self.head_dim) ** -0.5
+        self.backend = backend
+        self.kv_cache: torch.Tensor | None = None  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        num_heads, num_kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(num_tokens, num_heads + 2 * num_kv_heads, self.head_dim)
+        v = qkv[:, num_heads + num_kv_heads :]  # [num_tokens, num_kv_heads, head_dim]
+        if self.q_norm is None:
+            # One rotary pass over q and k together: they are adjacent heads of the fused output.
+            qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], cos, sin)
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+        else:
+            assert self.k_norm is not None
+            q = apply_rotary(self.q_norm(qkv[:, :num_heads]), cos, sin)  # [num_tokens, num_heads, head_dim]
+            k = apply_rotary(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), cos, sin)
+        assert self.kv_cache is not None, "bind_kv_caches() before forward"
+        metadata = get_attention_metadata()
+        self.backend.write_kv(self.kv_cache, k, v, metadata.slot_mapping)
+        out = self.backend.attend(
+            q, k, v, self.kv_cache, metadata, scale=self.scale, sliding_window=self.sliding_window
+        )  # [num_tokens, num_heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: ModelArchConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(arch.hidden_size, (arch.intermediate_size,) * 2, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.act = get_gated_activation(arch.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block (Llama/Qwen): x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, arch: ModelArchConfig, layer_idx: int, self_attn: Attention) -> None:
+        super().__init__()
+        self.layer_type = arch.layer_type(layer_idx)
+        self.self_attn = self_attn
+        self.mlp = MLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderStack(nn.Module):
+    """HF's `model.*` submodule: embeddings, layers, final norm."""
+
+    def __init__(self, embed_tokens: Embedding, layers: list[nn.Module], norm: RMSNorm) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def forward(self, input_ids: torch.Tensor, rope: RopeTables) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        for layer in self.layers:
+            x = layer(x, *rope[layer.layer_type])
+        return self.norm(x)
+
+
+class CausalLMBase(nn.Module):
+    """The `CausalLM` protocol for a decoder-only stack; families override the `build_*` hooks."""
+
+    def __init__(self, arch: ModelArchConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.arch = arch
+        layers = [self.build_layer(arch, i, backend) for i in range(arch.num_hidden_layers)]
+        self.model = DecoderStack(self.build_embedding(arch), layers, self.build_norm(arch, arch.hidden_size))
+        self.lm_head: nn.Linear | None = None
+        if not arch.tie_word_embeddings:
+            self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        layer_types = sorted({arch.layer_type(i) for i in range(arch.num_hidden_layers)})
+        self.rotary = nn.ModuleDict({lt: self.build_rotary(arch, lt) for lt in layer_types})
+
+    # -- family hooks ---------------------------------------------------------------------
+
+    def build_layer(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend) -> nn.Module:
+        attn = Attention(arch, layer_idx, backend, qkv_bias=arch.attention_bias, o_bias=arch.attention_bias)
+        return DecoderLayer(arch, layer_idx, attn)
+
+    def build_embedding(self, arch: ModelArchConfig) -> Embedding:
+        return Embedding(arch.vocab_size, arch.hidden_size)
+
+    def build_norm(self, arch: ModelArchConfig, dim: int) -> RMSNorm:
+        return RMSNorm(dim, arch.rms_norm_eps)
+
+    def build_rotary(self, arch: ModelArchConfig, layer_type: LayerType) -> RotaryEmbedding:
+        return RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling_dict)
+
+    def strip_hf_prefix(self, hf_name: str) -> str | None:
+        """HF checkpoint name -> name in this module tree (before fusion); None skips the tensor."""
+        return hf_name
+
+    # -- CausalLM protocol ----------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        dtype = self.model.embed_tokens.weight.dtype
+        rope: RopeTables = {lt: emb(positions, dtype) for lt, emb in self.rotary.items()}
+        return self.model(input_ids, rope)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(hidden, weight).float()  # [n, vocab_size]
+        cap = self.arch.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def kv_cache_spec(self) -> tuple[int, int, int]:
+        return self.arch.num_hidden_layers, self.arch.num_key_value_heads, self.arch.head_dim
+
+    def bind_kv_caches(self, caches: list[torch.Tensor]) -> None:
+        num_layers, num_kv_heads, head_dim = self.kv_cache_spec()
+        assert len(caches) == num_layers, f"expected {num_layers} caches, got {len(caches)}"
+        for layer, cache in zip(self.model.layers, caches):
+            assert cache.dim() == 5 and cache.shape[0] == 2 and cache.shape[-2:] == (num_kv_heads, head_dim)
+            layer.self_attn.kv_cache = cache
+
+    # -- weight loading -------------------------------------------------------------------
+
+    def map_hf_name(self, hf_name: str) -> tuple[str, int | None] | None:
+        """HF tensor name -> (parameter name, shard of a fused projection or None); None skips it."""
+        name = self.strip_hf_prefix(hf_name)
+        if name is None or name.endswith("rotary_emb.inv_freq"):
+            return None
+        if name == "lm_head.weight" and self.lm_head is None:
+            return None  # tied checkpoints sometimes store the duplicate
+        *module, proj, param = name.split(".")
+        if proj in FUSED_SHARDS:
+            fused, shard = FUSED_SHARDS[proj]
+            return ".".join([*module, fused, param]), shard
+        return name, None
+
+    def reset_buffers(self) -> None:
+        """Recompute non-persistent buffers after building on the meta device."""
+        for emb in self.rotary.values():
+            emb.reset_parameters()

@@ -1,0 +1,138 @@
+"""Architecture description shared by every model family (HF config.json semantics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+LayerType = Literal["full_attention", "sliding_attention"]
+
+
+@dataclass(frozen=True)
+class ModelArchConfig:
+    """What a family module needs to build itself; field names follow HF `config.json`.
+
+    Built by `arch_config_from_hf` (safetensors folders) or by the GGUF loader, which
+    translates GGUF metadata into the same HF-style dict first.
+    """
+
+    architecture: str  # "llama" | "qwen2" | "qwen3" | "gemma3" (HF model_type)
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # qwen2: bias on q/k/v
+    hidden_act: str = "silu"
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # frozen dict items (llama3 / linear)
+    # Gemma 3: sliding-window layers use their own RoPE base and a window.
+    sliding_window: int | None = None
+    layer_types: tuple[LayerType, ...] = ()
+    rope_local_base_freq: float | None = None
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        return dict(self.rope_scaling) if self.rope_scaling is not None else None
+
+    def layer_type(self, layer_idx: int) -> LayerType:
+        return self.layer_types[layer_idx] if self.layer_types else "full_attention"
+
+
+# HF model_type -> the family module that runs it (see registry.py).
+_MODEL_TYPE_ALIASES = {"gemma3_text": "gemma3", "mistral": "llama"}
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    # Values HF's config classes assume when config.json omits them.
+    "llama": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 2048},
+    "qwen2": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
+    "qwen3": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
+    "gemma3": {
+        "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "max_position_embeddings": 131_072,
+        "rope_local_base_freq": 10_000.0, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+        "rms_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
+    },
+}
+
+
+def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
+    """An HF `config.json` dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x
+    `rope_parameters`; multimodal Gemma 3 via its `text_config`) -> ModelArchConfig.
+
+    Unknown model types pass through unchanged; the registry rejects what it cannot run.
+    """
+    if "text_config" in hf and hf.get("model_type") == "gemma3":
+        hf = {**hf["text_config"], "model_type": "gemma3",
+              "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
+    model_type = str(hf.get("model_type", ""))
+    family = _MODEL_TYPE_ALIASES.get(model_type, model_type)
+    defaults = _FAMILY_DEFAULTS.get(family, _FAMILY_DEFAULTS["llama"])
+    cfg = {**defaults, **{k: v for k, v in hf.items() if v is not None}}
+    num_heads = int(cfg["num_attention_heads"])
+    num_layers = int(cfg["num_hidden_layers"])
+    rope_theta, rope_scaling, local_theta = _rope_fields(cfg)
+    layer_types, sliding_window = _layer_types(family, cfg, num_layers)
+    return ModelArchConfig(
+        architecture=family,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=int(cfg.get("num_key_value_heads", num_heads)),
+        head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // num_heads),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        max_position_embeddings=int(cfg["max_position_embeddings"]),
+        tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
+        attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+        hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")),
+        rope_scaling=tuple(sorted(rope_scaling.items())) if rope_scaling else None,
+        sliding_window=sliding_window,
+        layer_types=layer_types,
+        rope_local_base_freq=local_theta if family == "gemma3" else None,
+        query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if family == "gemma3" else None,
+        final_logit_softcapping=cfg.get("final_logit_softcapping"),
+        extra=(("hf_model_type", model_type),),
+    )
+
+
+def _rope_fields(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
+    """(global rope_theta, global scaling dict or None, local rope_theta for sliding layers)."""
+    params = cfg.get("rope_parameters")
+    local_theta = cfg.get("rope_local_base_freq")
+    if isinstance(params, dict) and "full_attention" in params:  # 5.x nested per layer type
+        local_theta = (params.get("sliding_attention") or {}).get("rope_theta", local_theta)
+        params = params["full_attention"]
+    scaling = dict(params) if isinstance(params, dict) else dict(cfg.get("rope_scaling") or {})
+    theta = float(scaling.pop("rope_theta", cfg["rope_theta"]))
+    rope_type = scaling.pop("type", None) or scaling.get("rope_type", "default")
+    scaling["rope_type"] = rope_type
+    if rope_type == "default":
+        return theta, None, local_theta
+    if rope_type == "llama3":
+        scaling.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
+    return theta, scaling, local_theta
+
+
+def _layer_types(
+    family: str, cfg: dict[str, Any], num_layers: int
+) -> tuple[tuple[LayerType, ...], int | None]:
+    window = cfg.get("sliding_window")
+    if family == "gemma3":
+        if cfg.get("layer_types"):
+            return tuple(cast(LayerType, t) for t in cfg["layer_types"]), int(window)
+        pattern = int(cfg.get("sliding_window_pattern", 6))  # older configs: every 6th layer is global
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+        return tuple(cast(LayerType, t) for t in types), int(window)
+    if family == "llama" and cfg.get("model_type") == "mistral" and window:
+        return ("sliding_attention",) * num_layers, int(window)  # Mistral v0.1: every layer windowed
+    # Qwen's optional sliding window is off in every released config (use_sliding_window: false).
+    return (), None

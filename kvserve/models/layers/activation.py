@@ -1,0 +1,29 @@
+"""Gated activations over a fused `[gate | up]` projection output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
+
+
+def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`[..., 2 * d]` (gate then up) -> `[..., d]`: act(gate) * up."""
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"unsupported hidden activation {name!r} (known: {sorted(_ACTIVATIONS)})")
+    act = _ACTIVATIONS[name]
+
+    def gated(x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return act(gate) * up
+
+    return gated

@@ -1,0 +1,50 @@
+"""Per-batch attention metadata, set by the runner and read by attention layers.
+
+The runner builds one flat batch per step: sequences are ordered decodes first
+(one query token each), then prefills (one chunk each). Every tensor lives on the
+model's device; the `*_cpu` lists are host copies so backends never sync to read
+shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    block_size: int
+    num_decodes: int  # the first num_decodes sequences have exactly one query token
+    slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset for each new token
+    block_tables: torch.Tensor  # [num_seqs, max_num_blocks] int64, padded with 0
+    seq_lens: torch.Tensor  # [num_seqs] int64: KV length after this step (context + new)
+    query_start_loc_cpu: list[int]  # [num_seqs + 1] offsets of each sequence's queries in the flat batch
+    seq_lens_cpu: list[int]  # [num_seqs]
+    context_lens_cpu: list[int]  # [num_seqs] tokens already in the cache before this step
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+_current: AttentionMetadata | None = None
+
+
+@contextlib.contextmanager
+def forward_context(metadata: AttentionMetadata) -> Iterator[None]:
+    """Scope `metadata` to one model forward (attention layers read it with `get_attention_metadata`)."""
+    global _current
+    previous, _current = _current, metadata
+    try:
+        yield
+    finally:
+        _current = previous
+
+
+def get_attention_metadata() -> AttentionMetadata:
+    assert _current is not None, "attention called outside forward_context()"
+    return _current

@@ -1,0 +1,169 @@
+"""Reference paged attention in plain torch: gather the blocks, then SDPA.
+
+It is the correctness oracle on every device and the production path on CPU, so the
+per-layer work is kept to a few large ops: one index_copy_ per K/V write, one gather
+plus one SDPA for the whole decode group, one SDPA per prefill chunk. Shapes come from
+the metadata's host lists, so nothing here forces a device sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvserve.models.layers.attention.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    num_seqs: int
+    block_tables: torch.Tensor  # [num_decodes, num_blocks] physical blocks covering the visible keys
+    num_keys: int  # gathered keys per sequence (the longest sequence's visible span)
+    mask: torch.Tensor | None  # [num_decodes, 1, 1, num_keys] bool; None when every key is visible
+
+
+@dataclass(frozen=True)
+class _PrefillPlan:
+    query_start: int
+    query_end: int
+    block_ids: torch.Tensor | None  # [num_blocks]; None: no context yet, attend over this step's k/v
+    num_keys: int
+    mask: torch.Tensor | None  # [num_queries, num_keys] bool; None: plain causal (is_causal=True)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    decode: _DecodePlan | None
+    prefills: tuple[_PrefillPlan, ...]
+
+
+class TorchRefBackend:
+    name = "torch_ref"
+
+    def __init__(self) -> None:
+        # Memo of the last batch's plans, one per window size; layers of one forward share them.
+        # NOTE: keyed on the metadata object's identity, so metadata must not be mutated in place.
+        self._plan_metadata: AttentionMetadata | None = None
+        self._plans: dict[int | None, _Plan] = {}
+
+    def write_kv(
+        self, cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        num_kv_heads, head_dim = cache.shape[-2:]
+        cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(cache.dtype))
+        cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(cache.dtype))
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        plan = self._plan(metadata, sliding_window)
+        outputs: list[torch.Tensor] = []
+        if plan.decode is not None:
+            outputs.append(_attend_decode(q[: plan.decode.num_seqs], cache, plan.decode, scale))
+        for prefill in plan.prefills:
+            outputs.append(_attend_prefill(q, k, v, cache, prefill, scale))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    def _plan(self, metadata: AttentionMetadata, window: int | None) -> _Plan:
+        if self._plan_metadata is not metadata:
+            self._plan_metadata, self._plans = metadata, {}
+        plan = self._plans.get(window)
+        if plan is None:
+            decode = _plan_decode(metadata, window) if metadata.num_decodes else None
+            prefill_ids = range(metadata.num_decodes, metadata.num_seqs)
+            prefills = tuple(_plan_prefill(metadata, i, window) for i in prefill_ids)
+            plan = self._plans[window] = _Plan(decode, prefills)
+        return plan
+
+
+def _first_visible_block(first_query_pos: int, block_size: int, window: int | None) -> int:
+    """Blocks wholly before the window of the earliest query are skipped by the gather."""
+    if window is None:
+        return 0
+    return max(0, first_query_pos - window + 1) // block_size
+
+
+def _plan_decode(metadata: AttentionMetadata, window: int | None) -> _DecodePlan:
+    num_decodes, block_size = metadata.num_decodes, metadata.block_size
+    seq_lens = metadata.seq_lens_cpu[:num_decodes]
+    first_block = min(_first_visible_block(n - 1, block_size, window) for n in seq_lens)
+    key_start = first_block * block_size
+    max_len = max(seq_lens)
+    end_block = -(-max_len // block_size)
+    num_keys = max_len - key_start
+    block_tables = metadata.block_tables[:num_decodes, first_block:end_block]
+    # A mask is needed only if some sequence is shorter than the longest, or the window cuts in.
+    is_ragged = any(n != max_len for n in seq_lens)
+    is_windowed = window is not None and any(key_start < n - window for n in seq_lens)
+    mask = None
+    if is_ragged or is_windowed:
+        key_pos = torch.arange(key_start, max_len, device=metadata.seq_lens.device)  # [num_keys]
+        lens = metadata.seq_lens[:num_decodes, None]  # [num_decodes, 1]
+        visible = key_pos < lens
+        if window is not None:
+            visible &= key_pos >= lens - window
+        mask = visible[:, None, None, :]
+    return _DecodePlan(num_decodes, block_tables, num_keys, mask)
+
+
+def _plan_prefill(metadata: AttentionMetadata, seq_idx: int, window: int | None) -> _PrefillPlan:
+    query_start, query_end = metadata.query_start_loc_cpu[seq_idx : seq_idx + 2]
+    context_len, seq_len = metadata.context_lens_cpu[seq_idx], metadata.seq_lens_cpu[seq_idx]
+    if context_len == 0 and (window is None or window >= seq_len):
+        return _PrefillPlan(query_start, query_end, None, seq_len, None)
+    block_size = metadata.block_size
+    first_block = _first_visible_block(context_len, block_size, window)
+    key_start = first_block * block_size
+    block_ids = None
+    if context_len > 0:
+        block_ids = metadata.block_tables[seq_idx, first_block : -(-seq_len // block_size)]
+    device = metadata.block_tables.device
+    query_pos = torch.arange(context_len, seq_len, device=device)[:, None]  # [num_queries, 1]
+    key_pos = torch.arange(key_start, seq_len, device=device)[None, :]  # [1, num_keys]
+    visible = key_pos <= query_pos
+    if window is not None:
+        visible &= key_pos > query_pos - window
+    return _PrefillPlan(query_start, query_end, block_ids, seq_len - key_start, visible)
+
+
+def _attend_decode(q: torch.Tensor, cache: torch.Tensor, plan: _DecodePlan, scale: float) -> torch.Tensor:
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads, dtype = cache.shape[-2], q.dtype
+    # index_select on flat block ids is several times faster on CPU than advanced indexing.
+    kv = cache.index_select(1, plan.block_tables.reshape(-1))  # [2, num_seqs * num_blocks, block_size, ...]
+    kv = kv.view(2, num_seqs, -1, num_kv_heads, head_dim)[:, :, : plan.num_keys]  # [2, B, num_keys, kvh, d]
+    kv = kv.transpose(2, 3)  # [2, num_seqs, num_kv_heads, num_keys, head_dim]
+    # GQA without copying KV: the query heads sharing a KV head become rows of one query block.
+    q = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(cache.dtype)
+    out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=plan.mask, scale=scale)
+    return out.reshape(num_seqs, num_heads, head_dim).to(dtype)
+
+
+def _attend_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, plan: _PrefillPlan, scale: float
+) -> torch.Tensor:
+    q_seq = q[plan.query_start : plan.query_end].transpose(0, 1)  # [num_heads, num_queries, head_dim]
+    if plan.block_ids is None:
+        k_seq = k[plan.query_start : plan.query_end].transpose(0, 1)  # [num_kv_heads, num_keys, head_dim]
+        v_seq = v[plan.query_start : plan.query_end].transpose(0, 1)
+        is_causal = plan.mask is None
+        out = F.scaled_dot_product_attention(
+            q_seq, k_seq, v_seq, attn_mask=plan.mask, is_causal=is_causal, scale=scale, enable_gqa=True
+        )
+    else:
+        kv = cache.index_select(1, plan.block_ids).flatten(1, 2)[:, : plan.num_keys]  # [2, num_keys, kvh, d]
+        kv = kv.transpose(1, 2).to(q.dtype)  # [2, num_kv_heads, num_keys, head_dim]
+        out = F.scaled_dot_product_attention(
+            q_seq, kv[0], kv[1], attn_mask=plan.mask, scale=scale, enable_gqa=True
+        )
+    return out.transpose(0, 1)  # [num_queries, num_heads, head_dim]

@@ -1,0 +1,33 @@
+"""RMSNorm, with Gemma's `(1 + w)` weight convention as an option."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """`x / rms(x) * w` over the last dim; the statistics are taken in fp32 as HF does.
+
+    `offset=1.0` gives Gemma's variant: the checkpoint stores `w - 1` (zeros-initialized),
+    so the scale is `1 + w`, applied in fp32 before casting back (HF Gemma3RMSNorm order).
+    """
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.eps = eps
+        self.offset = offset
+        self.weight = nn.Parameter(torch.ones(dim) if offset == 0.0 else torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset != 0.0:
+            scale = self.weight.float() + self.offset
+            return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).type_as(x)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # HF (Llama/Qwen): normalize in fp32, cast to the input dtype, then scale in that dtype.
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}, offset={self.offset}"

@@ -1,0 +1,138 @@
+"""Weight loading: `load_model` turns a GGUF file, an HF safetensors folder or an alias into a
+`LoadedModel`. GGUF tensors are translated to HF names first, so both formats meet the family
+modules through the same `load_state_dict_into`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from torch import nn
+from tqdm import tqdm
+
+from kvserve.models import registry
+from kvserve.models.aliases import alias_names, resolve_alias
+from kvserve.models.config import ModelArchConfig, arch_config_from_hf
+from kvserve.models.fingerprint import model_fingerprint
+from kvserve.models.loaded import LoadedModel, TokenizerInfo
+from kvserve.models.errors import (
+    CorruptModelFileError,
+    ModelLoadError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
+from kvserve.models.loader.gguf import hf_config_from_gguf, iter_hf_tensors, read_gguf
+from kvserve.models.loader.safetensors import WeightLoadError, iter_safetensors, load_state_dict_into
+from kvserve.models.loader.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
+
+__all__ = [
+    "CorruptModelFileError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "UnsupportedModelError",
+    "load_model",
+    "resolve_model_path",
+]
+
+
+def load_model(
+    spec: str | Path, dtype: torch.dtype, device: torch.device | str = "cpu", *, progress: bool = True
+) -> LoadedModel:
+    """Load a .gguf file, an HF folder (config.json + *.safetensors + tokenizer files) or an alias.
+
+    Raises a `ModelLoadError` subclass, with a one-line message naming the file, for a missing
+    path, a corrupt file or an architecture kvserve cannot run.
+    """
+    path = resolve_model_path(spec)
+    if path.is_dir():
+        hf_config = _read_config_json(path)
+        arch = _arch_config(path, hf_config)
+        model = _build(path, arch, dtype, device)
+        _load_weights(path, model, _with_progress(_safetensors(path), path, progress))
+        tokenizer = load_hf_tokenizer(path)
+    else:
+        gguf = read_gguf(path)
+        hf_config = hf_config_from_gguf(gguf)
+        arch = _arch_config(path, hf_config)
+        model = _build(path, arch, dtype, device)
+        _load_weights(path, model, iter_hf_tensors(gguf, hf_config, dtype, progress=progress))
+        tokenizer = load_gguf_tokenizer(path, gguf.metadata)
+    return _loaded(path, model, arch, tokenizer, dtype)
+
+
+def resolve_model_path(spec: str | Path) -> Path:
+    """An existing path as given; otherwise an alias (smollm2, gemma3-270m) resolved to its file."""
+    path = Path(spec).expanduser()
+    if not path.exists() and isinstance(spec, str):
+        alias_path = resolve_alias(spec)
+        if alias_path is not None:
+            return alias_path
+    if not path.exists():
+        known = ", ".join(alias_names())
+        raise ModelNotFoundError(path, f"no such file or directory, and not a known model name ({known})")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelNotFoundError(path, "directory has no config.json (expected a Hugging Face model folder)")
+    return path
+
+
+def _loaded(path: Path, model: nn.Module, arch: ModelArchConfig, tokenizer: TokenizerInfo, dtype: torch.dtype) -> LoadedModel:
+    return LoadedModel(
+        model=model,
+        arch=arch,
+        tokenizer=tokenizer,
+        fingerprint=model_fingerprint(arch, dtype, model.state_dict().items()),
+        path=path,
+        dtype=dtype,
+        max_model_len=arch.max_position_embeddings,
+    )
+
+
+def _read_config_json(folder: Path) -> dict:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CorruptModelFileError(folder / "config.json", f"invalid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise CorruptModelFileError(folder / "config.json", "expected a JSON object")
+    return config
+
+
+def _arch_config(path: Path, hf_config: dict) -> ModelArchConfig:
+    try:
+        return arch_config_from_hf(hf_config)
+    except (KeyError, TypeError, ValueError) as error:
+        raise CorruptModelFileError(path, f"incomplete model config ({type(error).__name__}: {error})") from None
+
+
+def _build(path: Path, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+    try:
+        return registry.build_model(arch, dtype, device)
+    except registry.UnsupportedModelError as error:
+        raise UnsupportedModelError(path, str(error)) from None
+
+
+def _load_weights(path: Path, model: nn.Module, hf_named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    try:
+        load_state_dict_into(model, hf_named_tensors)
+    except WeightLoadError as error:
+        raise CorruptModelFileError(path, f"weights do not match the model config: {error}") from None
+
+
+def _safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    try:
+        yield from iter_safetensors(folder)
+    except FileNotFoundError:
+        raise ModelNotFoundError(folder, "no *.safetensors files") from None
+    except SafetensorError as error:
+        raise CorruptModelFileError(folder, f"unreadable safetensors file ({error})") from None
+
+
+def _with_progress(
+    tensors: Iterator[tuple[str, torch.Tensor]], path: Path, enabled: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from tqdm(tensors, desc=f"Loading {path.name}", unit="tensor", file=sys.stderr, disable=not enabled)

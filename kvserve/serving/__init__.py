@@ -1,0 +1,1 @@
+"""Async orchestration between the HTTP adapters and the engine: ChatService and the output pipeline."""

@@ -1,0 +1,187 @@
+"""ChatService: ChatRequest -> prompt tokens -> engine -> GenerationEvents.
+
+Two steps so the HTTP layer can answer mistakes before it commits to a stream:
+`prepare_*` (sync, CPU-bound: render, tokenize, validate, raise RequestError) and
+`generate` (async: run the engine and the output pipeline).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from kvserve.chat.conversation import ChatRequest, GenerationOptions, TextRequest
+from kvserve.chat.detokenizer import IncrementalDetokenizer
+from kvserve.chat.render import ChatRenderer, ChatTemplateError
+from kvserve.chat.stop import StopMatcher
+from kvserve.serving.engine_protocol import (
+    EngineClientProtocol, EngineFinishReason, SamplingParams, SamplingParamsError, TokenizerLike,
+)
+from kvserve.serving.errors import ContextLengthExceededError, RequestError
+from kvserve.serving.events import (
+    Failed, Finished, FinishReason, GenerationEvent, PrefillProgress, Usage,
+)
+from kvserve.serving.heartbeat import with_heartbeat
+from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter
+
+logger = logging.getLogger(__name__)
+
+_ENGINE_REASONS: dict[EngineFinishReason, FinishReason] = {
+    EngineFinishReason.STOP: "stop",
+    EngineFinishReason.LENGTH: "length",
+}
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request, ready to queue."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams | None  # None when max_tokens is 0: nothing to generate
+    stop: tuple[str, ...]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+class ChatService:
+    def __init__(
+        self,
+        engine: EngineClientProtocol,
+        tokenizer: TokenizerLike,
+        max_model_len: int,
+        model_name: str,
+        keepalive_s: float = 5.0,
+        supports_images: bool = False,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.model_name = model_name
+        self.keepalive_s = keepalive_s
+        self.supports_images = supports_images
+        hf = tokenizer.tokenizer
+        special = {
+            name: getattr(hf, name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if isinstance(getattr(hf, name, None), str)
+        }
+        self.renderer = ChatRenderer(tokenizer.chat_template, special)
+
+    # -- prepare (sync; run it off the event loop for long prompts) ---------------------
+
+    def render(self, request: ChatRequest) -> str:
+        if not self.supports_images and any(m.has_images for m in request.messages):
+            raise RequestError("this model does not accept image inputs", param="messages")
+        try:
+            return self.renderer.render(request)
+        except ChatTemplateError as error:
+            raise RequestError(str(error), param="messages") from error
+
+    def prepare_chat(self, request: ChatRequest, param: str = "messages") -> PreparedRequest:
+        token_ids = self.tokenize(self.render(request), add_special_tokens=False)
+        return self._prepare(token_ids, request.options, param)
+
+    def prepare_text(self, request: TextRequest, param: str = "prompt") -> PreparedRequest:
+        return self._prepare(self.tokenize(request.prompt, add_special_tokens=True), request.options, param)
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Tokens of `text`; with add_special_tokens, BOS is prepended where the model wants it."""
+        token_ids = list(self.tokenizer.tokenizer.encode(text, add_special_tokens=False))
+        bos = self.tokenizer.bos_token_id
+        if add_special_tokens and self.tokenizer.add_bos_token and bos is not None:
+            token_ids.insert(0, bos)
+        return token_ids
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.tokenizer.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def _prepare(self, token_ids: list[int], options: GenerationOptions, param: str) -> PreparedRequest:
+        if not token_ids:
+            raise RequestError("the prompt is empty", param=param)
+        if len(token_ids) >= self.max_model_len:
+            error = ContextLengthExceededError(len(token_ids), self.max_model_len)
+            error.param = param
+            raise error
+        room = self.max_model_len - len(token_ids)
+        max_tokens = room if options.max_tokens is None else min(max(options.max_tokens, 0), room)
+        params = self._sampling_params(options, max_tokens) if max_tokens > 0 else None
+        return PreparedRequest(uuid.uuid4().hex, token_ids, params, options.stop)
+
+    @staticmethod
+    def _sampling_params(options: GenerationOptions, max_tokens: int) -> SamplingParams:
+        s = options.sampling
+        fields = {
+            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
+            "seed": s.seed, "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty, "repetition_penalty": s.repetition_penalty,
+            "logprobs": s.logprobs,
+        }
+        given = {k: v for k, v in fields.items() if v is not None}
+        try:
+            return SamplingParams(max_tokens=max_tokens, ignore_eos=s.ignore_eos, **given)
+        except SamplingParamsError as error:
+            raise RequestError(str(error), param=str(error).split(" ", 1)[0]) from error
+
+    # -- generate --------------------------------------------------------------------
+
+    async def generate(self, prepared: PreparedRequest) -> AsyncIterator[GenerationEvent]:
+        """The event stream of one request. Closing it early aborts the engine request."""
+        num_prompt = prepared.num_prompt_tokens
+        if prepared.params is None:
+            yield Usage(num_prompt, 0, 0)
+            yield Usage(num_prompt, 0, 0)
+            yield Finished("length")
+            return
+        pipeline = OutputPipeline(
+            IncrementalDetokenizer(self.tokenizer.tokenizer, prepared.prompt_token_ids),
+            StopMatcher(prepared.stop),
+            PlainTextSegmenter(),
+        )
+        outputs = self.engine.generate(prepared.request_id, prepared.prompt_token_ids, prepared.params)
+        beats = with_heartbeat(outputs, self.keepalive_s)
+        started, num_output, num_cached = time.monotonic(), 0, 0
+        engine_reason: FinishReason | None = None
+        first = True
+        try:
+            async for output in beats:
+                if output is None:
+                    yield PrefillProgress(num_prompt, time.monotonic() - started)
+                    continue
+                if first:
+                    first, num_cached = False, output.num_cached_tokens
+                    yield Usage(num_prompt, 0, num_cached)
+                num_output += len(output.new_token_ids)
+                step = pipeline.push(output.new_token_ids)
+                for event in step.events:
+                    yield event
+                if step.stopped:
+                    engine_reason = "stop"
+                    break
+                if output.finish_reason is not None:
+                    engine_reason = _ENGINE_REASONS.get(output.finish_reason)
+                    break
+        except Exception as error:  # noqa: BLE001 - the engine boundary: a failure ends this stream only
+            logger.exception("request %s failed in the engine", prepared.request_id)
+            yield Failed(f"generation failed: {error}")
+            return
+        finally:
+            await _aclose(beats)
+            await _aclose(outputs)
+        if engine_reason is None:  # aborted or the stream ended without a finish
+            yield Failed("generation was aborted")
+            return
+        for event in pipeline.finish():
+            yield event
+        yield Usage(num_prompt, num_output, num_cached)
+        yield Finished(pipeline.finish_reason(engine_reason), pipeline.matched_stop)
+
+
+async def _aclose(iterator: AsyncIterator[object]) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()

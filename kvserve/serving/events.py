@@ -1,0 +1,89 @@
+"""GenerationEvent: the one typed stream every protocol encoder consumes.
+
+Order of a stream: zero or more PrefillProgress while the prompt prefills; a first Usage
+(completion_tokens=0) once prefill is done, so encoders that announce cache numbers up
+front (Anthropic message_start) can; content events; a final Usage; then exactly one
+terminal event, Finished or Failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """`id` is protocol-neutral (32 hex); each encoder adds its prefix (`call_`, `toolu_`)."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArgsDelta:
+    index: int
+    fragment: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEnd:
+    """`arguments` is the complete JSON text; the streamed fragments concatenate to it when any were sent."""
+
+    index: int
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def uncached_prompt_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: FinishReason
+    stop_sequence: str | None = None  # the stop string that ended generation, if one did
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Generation broke after it started (engine died); encoders end the stream with an error event."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    """Heartbeat while the prompt prefills (SSE keepalive); counts are best effort."""
+
+    num_prompt_tokens: int
+    elapsed_s: float
+
+
+GenerationEvent = (
+    TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd | Usage | Finished | Failed
+    | PrefillProgress
+)

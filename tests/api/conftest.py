@@ -1,0 +1,109 @@
+"""Fixtures: the app over a FakeEngine, in-process (httpx ASGI transport) or on a live uvicorn port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+import uvicorn
+
+from kvserve.api.app import create_app
+from kvserve.api.settings import ApiSettings
+from kvserve.serving.chat_service import ChatService
+from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
+
+MODEL = "fake-model"
+
+
+@dataclass
+class Harness:
+    engine: FakeEngine
+    service: ChatService
+    http: httpx.AsyncClient
+    openai: openai.AsyncOpenAI
+    anthropic: anthropic.AsyncAnthropic
+
+    async def sse(self, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
+        """POST a streaming request; return (event name, parsed data) per SSE frame, comments skipped."""
+        response = await self.http.post(path, json=body)
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return parse_sse(response.text)
+
+
+def parse_sse(text: str) -> list[tuple[str | None, Any]]:
+    frames = []
+    for block in text.split("\n\n"):
+        lines = [line for line in block.split("\n") if line and not line.startswith(":")]
+        if not lines:
+            continue
+        name = next((line[7:] for line in lines if line.startswith("event: ")), None)
+        data = "".join(line[6:] for line in lines if line.startswith("data: "))
+        frames.append((name, data if data == "[DONE]" else json.loads(data)))
+    return frames
+
+
+def make_harness(engine: FakeEngine, ctx: int = 4096, keepalive_s: float = 5.0, **settings: Any) -> Harness:
+    service = ChatService(engine, FakeTokenizerInfo(), ctx, MODEL, keepalive_s=keepalive_s)
+    app = create_app(service, ApiSettings(served_model_name=MODEL, **settings))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://kvserve")
+    # The SDKs ship their own fork of httpx (httpx2); it has the same ASGI transport.
+    sdk_http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://kvserve")
+    return Harness(
+        engine, service, http,
+        openai.AsyncOpenAI(base_url="http://kvserve/v1", api_key="k", http_client=sdk_http, max_retries=0),
+        anthropic.AsyncAnthropic(base_url="http://kvserve", api_key="k", http_client=sdk_http, max_retries=0),
+    )
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    h = make_harness(FakeEngine(reply("Hello there!")))
+    yield h
+    await h.http.aclose()
+
+
+@dataclass
+class LiveServer:
+    url: str
+    engine: FakeEngine
+    server: uvicorn.Server
+
+
+@pytest.fixture
+def live_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+    """uvicorn on a free 127.0.0.1 port in a thread; `request.param` is the FakeEngine (optional)."""
+    engine = getattr(request, "param", None) or FakeEngine(reply("x" * 400), token_delay_s=0.005)
+    service = ChatService(engine, FakeTokenizerInfo(), 4096, MODEL)
+    app = create_app(service, ApiSettings(served_model_name=MODEL))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    yield LiveServer(f"http://127.0.0.1:{port}", engine, server)
+    server.should_exit = True
+    thread.join(5)
+
+
+async def wait_until(predicate: Any, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)

@@ -1,0 +1,139 @@
+"""A scripted engine and a byte-level tokenizer: protocol tests without a model.
+
+`FakeEngine` satisfies `EngineClientProtocol`: it streams a scripted reply one token per
+output, honours max_tokens/EOS like the scheduler, reports a block-aligned prefix-cache
+hit against earlier prompts, and records running and aborted requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from kvserve.engine.outputs import EngineOutput
+from kvserve.engine.request import FinishReason
+from kvserve.engine.sampling_params import SamplingParams
+
+SPECIAL_TOKENS = {"<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258}
+EOS_ID = SPECIAL_TOKENS["<|im_end|>"]
+BLOCK_SIZE = 16
+
+
+class ByteTokenizer:
+    """Token ids 0-255 are bytes; 256+ are special tokens, matched whole in the text."""
+
+    bos_token = "<|endoftext|>"
+    eos_token = "<|im_end|>"
+
+    def __len__(self) -> int:
+        return 256 + len(SPECIAL_TOKENS)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids: list[int] = []
+        i = 0
+        while i < len(text):
+            special = next((s for s in SPECIAL_TOKENS if text.startswith(s, i)), None)
+            if special is not None:
+                ids.append(SPECIAL_TOKENS[special])
+                i += len(special)
+            else:
+                ids.extend(text[i].encode("utf-8", "surrogatepass"))
+                i += 1
+        return ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        names = {v: k for k, v in SPECIAL_TOKENS.items()}
+        out, pending = [], bytearray()
+        for token_id in token_ids:
+            if token_id < 256:
+                pending.append(token_id)
+                continue
+            out.append(pending.decode("utf-8", "replace"))
+            pending.clear()
+            if not skip_special_tokens:
+                out.append(names[token_id])
+        out.append(pending.decode("utf-8", "replace"))
+        return "".join(out)
+
+
+@dataclass(frozen=True)
+class FakeTokenizerInfo:
+    tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
+    chat_template: str | None = None  # the ChatML fallback
+    bos_token_id: int | None = SPECIAL_TOKENS["<|endoftext|>"]
+    eos_token_ids: tuple[int, ...] = (EOS_ID,)
+    add_bos_token: bool = False
+
+
+def reply(text: str, eos: bool = True) -> list[int]:
+    """Token ids of a scripted reply, ending with EOS by default."""
+    return ByteTokenizer().encode(text) + ([EOS_ID] if eos else [])
+
+
+Script = list[int] | Callable[[list[int]], list[int]]
+
+
+class FakeEngine:
+    def __init__(self, script: Script = (), token_delay_s: float = 0.0, prefill_delay_s: float = 0.0,
+                 fail_after: int | None = None):
+        self.script = script
+        self.token_delay_s = token_delay_s
+        self.prefill_delay_s = prefill_delay_s
+        self.fail_after = fail_after  # raise after this many tokens (an engine failure mid-stream)
+        self.running: set[str] = set()
+        self.aborted: list[str] = []
+        self.requests: list[tuple[list[int], SamplingParams]] = []
+        self._history: list[list[int]] = []
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[EngineOutput]:
+        self.requests.append((list(prompt_token_ids), params))
+        cached = self._cached_tokens(prompt_token_ids)
+        tokens = self.script(prompt_token_ids) if callable(self.script) else list(self.script)
+        self.running.add(request_id)
+        generated: list[int] = []
+        finished = False
+        try:
+            await asyncio.sleep(self.prefill_delay_s)
+            for i, token_id in enumerate(tokens[: params.max_tokens]):
+                if self.fail_after is not None and i >= self.fail_after:
+                    raise RuntimeError("engine exploded")
+                await asyncio.sleep(self.token_delay_s)
+                generated.append(token_id)
+                is_last = i + 1 == min(len(tokens), params.max_tokens)
+                reason = self._finish_reason(token_id, params, is_last, len(tokens))
+                finished = reason is not None
+                yield EngineOutput(request_id, (token_id,), finish_reason=reason,
+                                   num_prompt_tokens=len(prompt_token_ids), num_cached_tokens=cached)
+                if finished:
+                    return
+            # A script shorter than max_tokens without EOS ends as if the context filled up.
+            finished = True
+            yield EngineOutput(request_id, (), finish_reason=FinishReason.LENGTH,
+                               num_prompt_tokens=len(prompt_token_ids), num_cached_tokens=cached)
+        finally:
+            self.running.discard(request_id)
+            self._history.append(list(prompt_token_ids) + generated)
+            if not finished:
+                self.aborted.append(request_id)
+
+    @staticmethod
+    def _finish_reason(token_id: int, params: SamplingParams, is_last: bool, n: int) -> FinishReason | None:
+        if token_id == EOS_ID and not params.ignore_eos:
+            return FinishReason.STOP
+        if is_last and n >= params.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _cached_tokens(self, prompt: list[int]) -> int:
+        best = 0
+        for seen in self._history:
+            n = 0
+            for a, b in zip(seen, prompt):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return min(best // BLOCK_SIZE * BLOCK_SIZE, max(len(prompt) - 1, 0))

@@ -1,0 +1,122 @@
+"""ChatService with the FakeEngine: events, stop strings, usage, context check, abort."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvserve.chat.conversation import ChatRequest, GenerationOptions, Message, TextPart, TextRequest
+from kvserve.serving.chat_service import ChatService
+from kvserve.serving.errors import ContextLengthExceededError, RequestError
+from kvserve.serving.events import Failed, Finished, PrefillProgress, TextDelta, Usage
+from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
+
+
+def _service(engine: FakeEngine, ctx: int = 4096, keepalive_s: float = 5.0) -> ChatService:
+    return ChatService(engine, FakeTokenizerInfo(), ctx, "fake", keepalive_s=keepalive_s)
+
+
+def _chat(text: str = "Hi", **options: object) -> ChatRequest:
+    return ChatRequest(messages=(Message("user", (TextPart(text),)),), options=GenerationOptions(**options))
+
+
+async def _events(service: ChatService, request: ChatRequest) -> list[object]:
+    return [e async for e in service.generate(service.prepare_chat(request))]
+
+
+async def test_text_stream_ends_with_usage_and_finish() -> None:
+    service = _service(FakeEngine(reply("héllo wörld")))
+    events = await _events(service, _chat())
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == "héllo wörld"
+    n_prompt = len(service.prepare_chat(_chat()).prompt_token_ids)
+    assert events[0] == Usage(n_prompt, 0, 0)
+    assert events[-2:] == [Usage(n_prompt, len(reply("héllo wörld")), 0), Finished("stop")]
+
+
+async def test_stop_string_cuts_text_and_aborts_the_engine() -> None:
+    engine = FakeEngine(reply("one two STOP three"))
+    events = await _events(_service(engine), _chat(stop=("STOP",)))
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "one two "
+    assert events[-1] == Finished("stop", "STOP")
+    assert len(engine.aborted) == 1 and not engine.running
+
+
+async def test_max_tokens_gives_length_and_zero_skips_the_engine() -> None:
+    engine = FakeEngine(reply("abcdef"))
+    events = await _events(_service(engine), _chat(max_tokens=3))
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "abc"
+    assert events[-1] == Finished("length")
+    events = await _events(_service(engine), _chat(max_tokens=0))
+    assert events[-1] == Finished("length") and len(engine.requests) == 1
+
+
+def test_context_overflow_is_raised_before_queueing() -> None:
+    engine = FakeEngine(reply("x"))
+    service = _service(engine, ctx=64)
+    n = len(service.prepare_chat(_chat("a")).prompt_token_ids)
+    service = _service(engine, ctx=n + 1)
+    service.prepare_chat(_chat("a"))  # ctx - 1 tokens is accepted
+    service = _service(engine, ctx=n)
+    with pytest.raises(ContextLengthExceededError) as info:
+        service.prepare_chat(_chat("a"))
+    assert (info.value.n_prompt_tokens, info.value.n_ctx, info.value.param) == (n, n, "messages")
+    assert not engine.requests
+
+
+def test_bad_sampling_values_are_request_errors() -> None:
+    from kvserve.chat.conversation import SamplingOptions
+
+    service = _service(FakeEngine())
+    with pytest.raises(RequestError, match="top_p"):
+        service.prepare_chat(_chat(sampling=SamplingOptions(top_p=5.0)))
+
+
+async def test_engine_failure_mid_stream_is_a_failed_event() -> None:
+    events = await _events(_service(FakeEngine(reply("abcdef"), fail_after=2)), _chat())
+    assert isinstance(events[-1], Failed)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "ab"
+
+
+async def test_heartbeats_during_a_slow_prefill() -> None:
+    service = _service(FakeEngine(reply("ok"), prefill_delay_s=0.25), keepalive_s=0.05)
+    events = await _events(service, _chat())
+    assert sum(isinstance(e, PrefillProgress) for e in events) >= 2
+    assert events[-1] == Finished("stop")
+
+
+async def test_closing_the_stream_aborts_the_request() -> None:
+    engine = FakeEngine(reply("x" * 100), token_delay_s=0.01)
+    service = _service(engine)
+    stream = service.generate(service.prepare_chat(_chat()))
+    async for event in stream:
+        if isinstance(event, TextDelta):
+            break
+    await stream.aclose()
+    assert not engine.running and len(engine.aborted) == 1
+
+
+async def test_cancelling_the_consumer_aborts_the_request() -> None:
+    engine = FakeEngine(reply("x" * 100), token_delay_s=0.01)
+    service = _service(engine)
+
+    async def consume() -> None:
+        async for _ in service.generate(service.prepare_chat(_chat())):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not engine.running and len(engine.aborted) == 1
+
+
+async def test_raw_prompt_and_cached_tokens_on_a_second_turn() -> None:
+    engine = FakeEngine(reply("answer"))
+    service = _service(engine)
+    first = [e async for e in service.generate(service.prepare_text(TextRequest("x" * 40)))]
+    second = [e async for e in service.generate(service.prepare_text(TextRequest("x" * 40 + "answer more")))]
+    assert first[-2].cached_tokens == 0
+    assert second[-2].cached_tokens == 32

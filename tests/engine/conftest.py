@@ -1,0 +1,63 @@
+"""A real EngineCore over a tiny random-weight llama (HF transformers is the oracle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvserve.config import CacheConfig, EngineConfig, SchedulerConfig
+from kvserve.engine.core import EngineCore
+from kvserve.models.loaded import LoadedModel, TokenizerInfo
+from kvserve.models.loader.safetensors import load_hf_model
+from tests.models.helpers import make_tiny_hf_model
+
+VOCAB = 384
+CTX = 2048
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model = make_tiny_hf_model("llama_tied", seed=3)
+    model.config.max_position_embeddings = CTX
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_llama(tiny_llama_dir: Path):  # -> transformers model, the oracle
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+def load_tiny(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    hf = load_hf_model(path, dtype)
+    # No tokenizer: engine tests speak token ids; eos is off so lengths are deterministic.
+    tokenizer = TokenizerInfo(None, None, bos_token_id=None, eos_token_ids=(), add_bos_token=False)
+    return LoadedModel(hf.model, hf.arch, tokenizer, hf.fingerprint, path, dtype, CTX)
+
+
+def make_engine(
+    path: Path,
+    *,
+    block_size: int = 16,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 256,
+    kv_cache_memory_mb: int = 0,
+) -> EngineCore:
+    config = EngineConfig(
+        model=str(path),
+        dtype="float32",
+        device="cpu",
+        cache=CacheConfig(block_size=block_size, kv_cache_memory_mb=kv_cache_memory_mb),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+    )
+    return EngineCore(config, load_tiny(path))
+
+
+@pytest.fixture()
+def engine(tiny_llama_dir: Path) -> EngineCore:
+    return make_engine(tiny_llama_dir)

@@ -1,0 +1,108 @@
+"""TorchRefBackend against a dense per-sequence attention written from the definition."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kvserve.models.layers.attention.metadata import AttentionMetadata
+from kvserve.models.layers.attention.torch_ref import TorchRefBackend
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 16, 4, 64
+
+
+def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, window: int | None):
+    """q: [n, H, D] at positions context_len.., k/v: [L, KVH, D] for positions 0..L-1."""
+    group = NUM_HEADS // NUM_KV_HEADS
+    k, v = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * HEAD_DIM**-0.5
+    i = torch.arange(context_len, context_len + q.shape[0])[:, None]
+    j = torch.arange(k.shape[0])[None, :]
+    visible = (j <= i) & ((i - j < window) if window is not None else True)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def _run(
+    batch: list[tuple[int, int]], window: int | None, dtype: torch.dtype, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch: (context_len, num_new) per sequence; the leading one-token entries form the decode group."""
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype)
+    free = list(range(NUM_BLOCKS))
+    random.Random(0).shuffle(free)
+    backend = TorchRefBackend()
+    tables, slots, qs, ks, vs, expected, starts = [], [], [], [], [], [], [0]
+    for context_len, num_new in batch:
+        seq_len = context_len + num_new
+        blocks = [free.pop() for _ in range(-(-seq_len // BLOCK_SIZE))]
+        seq_slots = torch.tensor(
+            [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(seq_len)]
+        )
+        k = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+        v = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+        q = torch.randn(num_new, NUM_HEADS, HEAD_DIM, generator=gen).to(dtype)
+        # Earlier steps' KV, written on CPU.
+        backend.write_kv(cache, k[:context_len], v[:context_len], seq_slots[:context_len])
+        tables.append(blocks)
+        slots.append(seq_slots[context_len:])
+        qs.append(q), ks.append(k[context_len:]), vs.append(v[context_len:])
+        expected.append(_dense_attention(q, k, v, context_len, window))
+        starts.append(starts[-1] + num_new)
+    width = max(map(len, tables))
+    seq_lens = [c + n for c, n in batch]
+    metadata = AttentionMetadata(
+        block_size=BLOCK_SIZE,
+        num_decodes=next((i for i, (c, n) in enumerate(batch) if n != 1 or c == 0), len(batch)),
+        slot_mapping=torch.cat(slots),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        seq_lens=torch.tensor(seq_lens),
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=seq_lens,
+        context_lens_cpu=[c for c, _ in batch],
+    )
+    if device != "cpu":
+        cache = cache.to(device)
+        for name in ("slot_mapping", "block_tables", "seq_lens"):
+            setattr(metadata, name, getattr(metadata, name).to(device))
+    k_new, v_new = torch.cat(ks).to(device), torch.cat(vs).to(device)
+    backend.write_kv(cache, k_new, v_new, metadata.slot_mapping)
+    out = backend.attend(
+        torch.cat(qs).to(device), k_new, v_new, cache, metadata, scale=HEAD_DIM**-0.5, sliding_window=window
+    )
+    return out.float().cpu(), torch.cat(expected)
+
+
+BATCHES = {
+    "single_decode": [(29, 1)],
+    "ragged_decodes": [(29, 1), (6, 1), (17, 1)],
+    "fresh_prefill": [(0, 23)],
+    "chunk_with_context": [(13, 10)],
+    "mixed": [(29, 1), (8, 1), (0, 9), (14, 7), (3, 1)],  # the last is a one-token prefill chunk
+}
+
+
+@pytest.mark.parametrize("window", [None, 5, 8])
+@pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
+def test_matches_dense_fp32(batch: list[tuple[int, int]], window: int | None) -> None:
+    out, expected = _run(batch, window, torch.float32)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_matches_dense_bf16(window: int | None) -> None:
+    out, expected = _run(BATCHES["mixed"], window, torch.bfloat16)
+    # The oracle runs in fp32 on the same bf16 inputs; bf16 output rounding is ~4e-3 relative.
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 5])
+def test_matches_dense_cuda(window: int | None, dtype: torch.dtype) -> None:
+    out, expected = _run(BATCHES["mixed"], window, dtype, device="cuda")
+    tol = 1e-3 if dtype == torch.float32 else 2e-2  # fp32 matmuls may use TF32 on CUDA
+    torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
