@@ -7,7 +7,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 
 from kvserve import __version__
-from kvserve.api import info_routes
+from kvserve.api import info_routes, metrics
+from kvserve.api.access_log import AccessLogMiddleware
 from kvserve.api.anthropic_messages import router as anthropic_router
 from kvserve.api.auth import ApiKeyMiddleware
 from kvserve.api.disconnect import ClientDisconnected
@@ -17,26 +18,32 @@ from kvserve.api.openai_completions import router as completions_router
 from kvserve.api.openai_responses import router as responses_router
 from kvserve.api.settings import ApiSettings
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.response_store import ResponseStore
 
 # Status nginx uses for "client closed request"; nobody reads it, but logs should not say 200 or 500.
 _CLIENT_CLOSED = 499
 
 
-def create_app(service: ChatService, settings: ApiSettings | None = None) -> FastAPI:
+def create_app(service: ChatService, settings: ApiSettings | None = None,
+               response_store: ResponseStore | None = None) -> FastAPI:
+    """`response_store` defaults to an in-memory one (`kvserve serve` passes a persistent one)."""
     settings = settings or ApiSettings()
     app = FastAPI(title="kvserve", version=__version__)
     app.state.chat_service = service
     app.state.settings = settings
+    app.state.metrics = metrics.Metrics()
+    app.state.response_store = response_store or ResponseStore()
     install_error_handlers(app)
 
     @app.exception_handler(ClientDisconnected)
     async def _disconnected(request: Request, error: ClientDisconnected) -> Response:
         return Response(status_code=_CLIENT_CLOSED)
 
-    for module in (chat_router, completions_router, anthropic_router, responses_router, info_routes):
+    for module in (chat_router, completions_router, anthropic_router, responses_router, info_routes, metrics):
         app.include_router(module.router)
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
-    if settings.cors:  # added last so it wraps auth: preflights and 401s carry CORS headers
+    if settings.cors:  # added after auth so it wraps it: preflights and 401s carry CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(AccessLogMiddleware)  # outermost: every response, 401s included, gets an id
     return app

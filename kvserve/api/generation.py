@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from kvserve.api.access_log import request_id_of
 from kvserve.api.disconnect import cancel_on_disconnect
 from kvserve.api.errors import ApiError
 from kvserve.serving.chat_service import ChatService, PreparedRequest
 from kvserve.serving.events import GenerationEvent
 from kvserve.serving.result import GenerationResult, collect
-
-T = TypeVar("T")
 
 
 class StreamEncoder(Protocol):
@@ -27,9 +26,17 @@ def chat_service(request: Request) -> ChatService:
     return request.app.state.chat_service
 
 
-async def prepare(fn: Callable[[T], PreparedRequest], item: T) -> PreparedRequest:
-    """Render and tokenize in a worker thread: a 100K-token prompt must not stall other streams."""
-    return await run_in_threadpool(fn, item)
+def generate(request: Request, prepared: PreparedRequest) -> AsyncIterator[GenerationEvent]:
+    """The request's event stream, observed for /metrics."""
+    return request.app.state.metrics.observe(chat_service(request).generate(prepared))
+
+
+async def prepare(
+    request: Request, fn: Callable[..., PreparedRequest], item: object, **kwargs: Any
+) -> PreparedRequest:
+    """Render and tokenize in a worker thread: a 100K-token prompt must not stall other streams.
+    The engine request id carries the HTTP request id, so logs on both sides line up."""
+    return await run_in_threadpool(fn, item, request_id=request_id_of(request.scope), **kwargs)
 
 
 async def encode_stream(encoder: StreamEncoder, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[str]:

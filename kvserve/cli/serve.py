@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="model id shown by /v1/models (default: the --model value's name)")
     g.add_argument("--max-body-mb", type=int, default=64, help="largest request body; bigger ones get 413")
     g.add_argument("--chdir", default=None, help="change to this directory before loading the model")
+    g.add_argument("--data-dir", default=None,
+                   help="where stored responses live (default $XDG_DATA_HOME/kvserve or ~/.local/share/kvserve)")
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> None:
     from kvserve.api.settings import ApiSettings
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.response_store import ResponseStore
 
     if args.chdir:
         os.chdir(args.chdir)
@@ -44,12 +47,21 @@ def run(args: argparse.Namespace) -> None:
     service = ChatService(engine, core.loaded.tokenizer, core.max_model_len, model_name)
     settings = ApiSettings(served_model_name=model_name, api_key=args.api_key, cors=args.cors,
                            max_body_bytes=args.max_body_mb * 2**20)
-    app = create_app(service, settings)
+    store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
+    app = create_app(service, settings, response_store=store)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logger.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
     logger.info("kvserve: serving %s on http://%s:%d (ctx %d)", model_name, args.host, args.port,
                 core.max_model_len)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=logging.getLogger().level,
+                    access_log=False)  # kvserve.access logs each request, with its id
     finally:
         engine.shutdown()
+
+
+def _data_dir(flag: str | None) -> Path:
+    if flag:
+        return Path(flag).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "kvserve"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from kvserve.chat.conversation import ChatRequest, GenerationOptions, TextRequest
@@ -25,7 +25,7 @@ from kvserve.serving.events import (
     Failed, Finished, FinishReason, GenerationEvent, PrefillProgress, Usage,
 )
 from kvserve.serving.heartbeat import with_heartbeat
-from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter
+from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter, TextSegmenter
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,15 @@ _ENGINE_REASONS: dict[EngineFinishReason, FinishReason] = {
     EngineFinishReason.STOP: "stop",
     EngineFinishReason.LENGTH: "length",
 }
+
+
+# Issue 4's seam: given the chat request (tools offered? reasoning on?), the parser for the model's
+# output syntax. The default passes text through.
+SegmenterFactory = Callable[[ChatRequest], TextSegmenter]
+
+
+def plain_text_segmenter(request: ChatRequest) -> TextSegmenter:
+    return PlainTextSegmenter()
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams | None  # None when max_tokens is 0: nothing to generate
     stop: tuple[str, ...]
+    chat: ChatRequest | None = None  # None for raw-prompt completions: their output is not parsed
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -58,6 +68,7 @@ class ChatService:
         model_name: str,
         keepalive_s: float = 5.0,
         supports_images: bool = False,
+        segmenter_factory: SegmenterFactory = plain_text_segmenter,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -65,6 +76,7 @@ class ChatService:
         self.model_name = model_name
         self.keepalive_s = keepalive_s
         self.supports_images = supports_images
+        self.segmenter_factory = segmenter_factory
         hf = tokenizer.tokenizer
         special = {
             name: getattr(hf, name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")
@@ -82,12 +94,15 @@ class ChatService:
         except ChatTemplateError as error:
             raise RequestError(str(error), param="messages") from error
 
-    def prepare_chat(self, request: ChatRequest, param: str = "messages") -> PreparedRequest:
+    def prepare_chat(self, request: ChatRequest, param: str = "messages",
+                     request_id: str | None = None) -> PreparedRequest:
         token_ids = self.tokenize(self.render(request), add_special_tokens=False)
-        return self._prepare(token_ids, request.options, param)
+        return self._prepare(token_ids, request.options, param, request_id, chat=request)
 
-    def prepare_text(self, request: TextRequest, param: str = "prompt") -> PreparedRequest:
-        return self._prepare(self.tokenize(request.prompt, add_special_tokens=True), request.options, param)
+    def prepare_text(self, request: TextRequest, param: str = "prompt",
+                     request_id: str | None = None) -> PreparedRequest:
+        token_ids = self.tokenize(request.prompt, add_special_tokens=True)
+        return self._prepare(token_ids, request.options, param, request_id)
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         """Tokens of `text`; with add_special_tokens, BOS is prepended where the model wants it."""
@@ -100,17 +115,18 @@ class ChatService:
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.tokenizer.decode(token_ids, skip_special_tokens=False)
 
-    def _prepare(self, token_ids: list[int], options: GenerationOptions, param: str) -> PreparedRequest:
+    def _prepare(self, token_ids: list[int], options: GenerationOptions, param: str,
+                 request_id: str | None, chat: ChatRequest | None = None) -> PreparedRequest:
         if not token_ids:
             raise RequestError("the prompt is empty", param=param)
         if len(token_ids) >= self.max_model_len:
-            error = ContextLengthExceededError(len(token_ids), self.max_model_len)
-            error.param = param
-            raise error
+            raise ContextLengthExceededError(len(token_ids), self.max_model_len, param)
         room = self.max_model_len - len(token_ids)
         max_tokens = room if options.max_tokens is None else min(max(options.max_tokens, 0), room)
         params = self._sampling_params(options, max_tokens) if max_tokens > 0 else None
-        return PreparedRequest(uuid.uuid4().hex, token_ids, params, options.stop)
+        # A fresh suffix keeps engine ids unique even when a client reuses its x-request-id.
+        engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if request_id else uuid.uuid4().hex
+        return PreparedRequest(engine_id, token_ids, params, options.stop, chat)
 
     @staticmethod
     def _sampling_params(options: GenerationOptions, max_tokens: int) -> SamplingParams:
@@ -125,6 +141,7 @@ class ChatService:
         try:
             return SamplingParams(max_tokens=max_tokens, ignore_eos=s.ignore_eos, **given)
         except SamplingParamsError as error:
+            # Its messages start with the field's name ("top_p must be in (0, 1]").
             raise RequestError(str(error), param=str(error).split(" ", 1)[0]) from error
 
     # -- generate --------------------------------------------------------------------
@@ -140,7 +157,7 @@ class ChatService:
         pipeline = OutputPipeline(
             IncrementalDetokenizer(self.tokenizer.tokenizer, prepared.prompt_token_ids),
             StopMatcher(prepared.stop),
-            PlainTextSegmenter(),
+            PlainTextSegmenter() if prepared.chat is None else self.segmenter_factory(prepared.chat),
         )
         outputs = self.engine.generate(prepared.request_id, prepared.prompt_token_ids, prepared.params)
         beats = with_heartbeat(outputs, self.keepalive_s)

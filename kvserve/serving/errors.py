@@ -16,9 +16,10 @@ class RequestError(ValueError):
 class ContextLengthExceededError(RequestError):
     """The prompt fills the context (`n_prompt_tokens >= n_ctx`); raised before queueing."""
 
-    def __init__(self, n_prompt_tokens: int, n_ctx: int):
+    def __init__(self, n_prompt_tokens: int, n_ctx: int, param: str | None = None):
         super().__init__(
             f"Prompt has {n_prompt_tokens} tokens, but the configured context size is {n_ctx} tokens",
+            param=param,
             code="context_length_exceeded",
         )
         self.n_prompt_tokens = n_prompt_tokens

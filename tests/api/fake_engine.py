@@ -84,12 +84,14 @@ class FakeEngine:
         self.running: set[str] = set()
         self.aborted: list[str] = []
         self.requests: list[tuple[list[int], SamplingParams]] = []
+        self.request_ids: list[str] = []
         self._history: list[list[int]] = []
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[EngineOutput]:
         self.requests.append((list(prompt_token_ids), params))
+        self.request_ids.append(request_id)
         cached = self._cached_tokens(prompt_token_ids)
         tokens = self.script(prompt_token_ids) if callable(self.script) else list(self.script)
         self.running.add(request_id)

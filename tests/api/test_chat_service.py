@@ -120,3 +120,23 @@ async def test_raw_prompt_and_cached_tokens_on_a_second_turn() -> None:
     second = [e async for e in service.generate(service.prepare_text(TextRequest("x" * 40 + "answer more")))]
     assert first[-2].cached_tokens == 0
     assert second[-2].cached_tokens == 32
+
+
+async def test_segmenter_factory_is_the_parsing_seam() -> None:
+    """Issue 4 plugs reasoning/tool parsers in here; a fake one shows events and finish reasons flow."""
+    from kvserve.serving.events import ReasoningDelta, ToolCallEnd, ToolCallStart
+
+    class FakeToolParser:
+        def feed(self, text: str) -> list:
+            return [ReasoningDelta(text)]
+
+        def finish(self) -> list:
+            return [ToolCallStart(0, "ab", "f"), ToolCallEnd(0, "{}")]
+
+    engine = FakeEngine(reply("thinking"))
+    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", segmenter_factory=lambda chat: FakeToolParser())
+    events = await _events(service, _chat())
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "thinking"
+    assert events[-1] == Finished("tool_calls")
+    raw = [e async for e in service.generate(service.prepare_text(TextRequest("p")))]
+    assert raw[-1] == Finished("stop") and any(isinstance(e, TextDelta) for e in raw)

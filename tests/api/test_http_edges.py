@@ -121,3 +121,27 @@ async def test_cors_is_off_by_default_and_on_with_the_flag(harness: Harness) -> 
     preflight = await h.http.options("/v1/chat/completions", headers={
         **headers, "access-control-request-method": "POST", "access-control-request-headers": "authorization"})
     assert preflight.status_code == 200 and "access-control-allow-methods" in preflight.headers
+
+
+async def test_request_ids_are_echoed_and_reach_the_engine(harness: Harness) -> None:
+    response = await harness.http.post("/v1/chat/completions", json=ROUTES["/v1/chat/completions"],
+                                       headers={"x-request-id": "client-42"})
+    assert response.headers["x-request-id"] == "client-42"
+    assert harness.engine.request_ids[-1].startswith("client-42-")
+    generated = (await harness.http.get("/v1/models")).headers["x-request-id"]
+    assert len(generated) == 32
+    odd = await harness.http.get("/v1/models", headers={"x-request-id": "bad id\twith spaces"})
+    assert odd.headers["x-request-id"] != "bad id\twith spaces"
+
+
+async def test_metrics_count_requests_tokens_and_latency(harness: Harness) -> None:
+    await harness.openai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    await harness.http.get("/nope")
+    text = (await harness.http.get("/metrics")).text
+    assert 'kvserve_http_requests_total{path="/v1/chat/completions",status="200"} 1.0' in text
+    assert 'kvserve_http_requests_total{path="other",status="404"} 1.0' in text
+    n_prompt = len(harness.engine.requests[0][0])
+    assert f"kvserve_prompt_tokens_total {float(n_prompt)}" in text
+    assert f"kvserve_generation_tokens_total {float(len(reply('Hello there!')))}" in text
+    assert "kvserve_time_to_first_token_seconds_count 1.0" in text
+    assert "kvserve_generations_in_flight 0.0" in text

@@ -156,7 +156,8 @@ async def test_context_length_exceeded_shape() -> None:
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
     assert error["n_ctx"] == 32 and error["n_prompt_tokens"] >= 50
-    assert error["message"] == f"Prompt has {error['n_prompt_tokens']} tokens, but the configured context size is 32 tokens"
+    n = error["n_prompt_tokens"]
+    assert error["message"] == f"Prompt has {n} tokens, but the configured context size is 32 tokens"
     assert not h.engine.requests
 
 

@@ -79,7 +79,7 @@ def test_encoder_reasoning_tools_and_namespaces() -> None:
     events = [Usage(5, 0, 0), ReasoningDelta("hmm"), TextDelta("ok"), ToolCallStart(0, "ab", "ns__tool"),
               ToolCallArgsDelta(0, "{}"), ToolCallEnd(0, "{}"), ToolCallStart(1, "cd", "plain"),
               ToolCallEnd(1, '{"a":1}'), Usage(5, 9, 0), Finished("tool_calls")]
-    frames = parse_sse("".join(f for e in [None, *events] for f in (encoder.start() if e is None else encoder.encode(e))))
+    frames = parse_sse("".join(encoder.start() + [f for e in events for f in encoder.encode(e)]))
     types = [d["type"] for _, d in frames]
     assert types == [
         "response.created", "response.in_progress",

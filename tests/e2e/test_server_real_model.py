@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
 
 import anthropic
 import openai
@@ -16,8 +21,14 @@ pytestmark = pytest.mark.model
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+@dataclass
+class RealServer:
+    url: str
+    core: Any  # EngineCore
+
+
 @pytest.fixture(scope="module")
-def server_url() -> Iterator[str]:
+def real_server() -> Iterator[RealServer]:
     import uvicorn
 
     from kvserve.models.aliases import list_known_models
@@ -45,20 +56,20 @@ def server_url() -> Iterator[str]:
     thread.start()
     while not server.started:
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
+    yield RealServer(f"http://127.0.0.1:{port}", core)
     server.should_exit = True
     thread.join(10)
     engine.shutdown()
 
 
 @pytest.fixture
-def oai(server_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="k", max_retries=0)
+def oai(real_server: RealServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{real_server.url}/v1", api_key="k", max_retries=0)
 
 
 @pytest.fixture
-def claude(server_url: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server_url, api_key="k", max_retries=0)
+def claude(real_server: RealServer) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=real_server.url, api_key="k", max_retries=0)
 
 
 def test_chat_greedy_answer_and_second_turn_cache(oai: openai.OpenAI) -> None:
@@ -101,7 +112,8 @@ def test_anthropic_messages_and_cache(claude: anthropic.Anthropic) -> None:
     assert "Paris" in first.content[0].text
     messages = USER + [{"role": "assistant", "content": first.content[0].text},
                        {"role": "user", "content": "And of Italy?"}]
-    with claude.messages.stream(model="smollm2", max_tokens=8, messages=messages, extra_body={"temperature": 0}) as stream:
+    greedy = {"temperature": 0}
+    with claude.messages.stream(model="smollm2", max_tokens=8, messages=messages, extra_body=greedy) as stream:
         final = stream.get_final_message()
     assert final.usage.cache_read_input_tokens > 0 and final.stop_reason in ("end_turn", "max_tokens")
 
@@ -120,3 +132,25 @@ def test_context_overflow(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hello " * 3000}])
     assert info.value.code == "context_length_exceeded"
+
+
+async def test_disconnects_free_every_sequence_and_block(real_server: RealServer) -> None:
+    core = real_server.core
+    free_at_start = core.kv_manager.num_free_blocks
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 500."}], "stream": True,
+            "max_tokens": 1000, "temperature": 1.0, "extra": "x"}
+
+    async def read_then_close(client: httpx.AsyncClient, i: int) -> None:
+        request = {**body, "messages": [{"role": "user", "content": f"{i}: Count from 1 to 500."}]}
+        async with client.stream("POST", "/v1/chat/completions", json=request) as response:
+            async for chunk in response.aiter_bytes():
+                if b'"content":"' in chunk and b'"content":""' not in chunk:
+                    break  # mid-generation
+
+    async with httpx.AsyncClient(base_url=real_server.url, timeout=120) as client:
+        await asyncio.gather(*(read_then_close(client, i) for i in range(20)))
+    deadline = time.monotonic() + 5
+    while core.scheduler.num_running or core.scheduler.num_waiting:
+        assert time.monotonic() < deadline, "sequences still running after every client left"
+        await asyncio.sleep(0.01)
+    assert core.kv_manager.num_free_blocks == free_at_start

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+from kvserve.api.anthropic_messages.schema import ContentBlock, MessageParam, MessagesRequest
 from kvserve.api.errors import ApiError, anthropic_error_body
 from kvserve.api.request_fields import arguments_text, image_part, max_tokens, reasoning_from_effort, stop_list
 from kvserve.api.sse import KEEPALIVE, event_frame
-from kvserve.api.anthropic_messages.schema import ContentBlock, MessageParam, MessagesRequest
 from kvserve.chat.conversation import (
     ChatRequest, GenerationOptions, Message, NamedToolChoice, Part, ReasoningControl, ReasoningPart,
     SamplingOptions, TextPart, ToolCallPart, ToolChoice, ToolResultPart, ToolSpec,
@@ -122,7 +122,8 @@ def _part(block: ContentBlock, role: str, param: str) -> Part | None:
     if block.type == "redacted_thinking":
         return None  # opaque to us
     if block.type == "tool_use" and role == "assistant":
-        return ToolCallPart(block.id or "", block.name or "", arguments_text({} if block.input is None else block.input))
+        arguments = arguments_text({} if block.input is None else block.input)
+        return ToolCallPart(block.id or "", block.name or "", arguments)
     if block.type == "image":
         return image_part(_image_url(block.source or {}, param), param)
     raise ApiError(400, f"{param}: unsupported content block type {block.type!r} in a {role} message",

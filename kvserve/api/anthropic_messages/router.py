@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from kvserve.api.anthropic_messages.adapter import MessagesStreamEncoder, to_chat_request, to_response
 from kvserve.api.anthropic_messages.schema import MessagesRequest
 from kvserve.api.body import read_model
-from kvserve.api.generation import chat_service, complete, encode_stream, prepare
+from kvserve.api.generation import chat_service, complete, encode_stream, generate, prepare
 from kvserve.api.request_fields import new_id
 from kvserve.api.sse import sse_response
 
@@ -24,10 +24,10 @@ _BODY = {"requestBody": {"content": {"application/json": {"schema": MessagesRequ
 async def messages(request: Request) -> Response:
     wire = await read_model(request, MessagesRequest)
     service = chat_service(request)
-    prepared = await prepare(service.prepare_chat, to_chat_request(wire))
+    prepared = await prepare(request, service.prepare_chat, to_chat_request(wire))
     model = wire.model or request.app.state.settings.served_model_name
     message_id = new_id("msg_")
-    events = service.generate(prepared)
+    events = generate(request, prepared)
     if wire.stream:
         return sse_response(encode_stream(MessagesStreamEncoder(message_id, model), events))
     result = await complete(request, events)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvserve.api.body import read_model
-from kvserve.api.generation import chat_service, complete, encode_stream, prepare
+from kvserve.api.generation import chat_service, complete, encode_stream, generate, prepare
 from kvserve.api.openai_completions.adapter import CompletionStreamEncoder, to_response, to_text_request
 from kvserve.api.openai_completions.schema import CompletionRequest
 from kvserve.api.request_fields import new_id
@@ -21,10 +21,10 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     wire = await read_model(request, CompletionRequest)
     service = chat_service(request)
-    prepared = await prepare(service.prepare_text, to_text_request(wire))
+    prepared = await prepare(request, service.prepare_text, to_text_request(wire))
     model = wire.model or request.app.state.settings.served_model_name
     completion_id = new_id("cmpl-")
-    events = service.generate(prepared)
+    events = generate(request, prepared)
     if wire.stream:
         include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
         return sse_response(encode_stream(CompletionStreamEncoder(completion_id, model, include_usage), events))

@@ -30,14 +30,18 @@ def wants_reasoning_summary(wire: ResponsesRequest) -> bool:
     return wire.reasoning is not None and wire.reasoning.summary in _SUMMARY_OPT_IN
 
 
-def to_chat_request(wire: ResponsesRequest) -> ChatRequest:
-    if wire.previous_response_id is not None:
-        # The response store comes next; until then clients must replay (Codex always does).
-        raise ApiError(400, "previous_response_id is not supported yet; send the full input instead",
-                       param="previous_response_id")
+def conversation(wire: ResponsesRequest, chat: ChatRequest) -> tuple[Message, ...]:
+    """The messages to store for a continuation: everything but this request's instructions."""
+    return chat.messages[1:] if wire.instructions else chat.messages
+
+
+def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) -> ChatRequest:
+    """`previous` is the stored conversation of `previous_response_id`. Its instructions are not
+    carried over (OpenAI semantics): only this request's `instructions` lead the prompt."""
     messages: list[Message] = []
     if wire.instructions:
         messages.append(Message("system", (TextPart(wire.instructions),)))
+    messages.extend(previous)
     items = [InputItem(type="message", role="user", content=wire.input)] if isinstance(wire.input, str) else wire.input
     messages.extend(_messages(items))
     if not messages:

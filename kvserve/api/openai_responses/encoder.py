@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvserve.api.openai_responses.adapter import NAMESPACE_SEPARATOR
+from kvserve.api.openai_responses.adapter import NAMESPACE_SEPARATOR, flat_tool_name
 from kvserve.api.request_fields import new_id
 from kvserve.api.sse import KEEPALIVE, event_frame
+from kvserve.chat.conversation import Message, Part, ReasoningPart, TextPart, ToolCallPart
 from kvserve.serving.events import (
     Failed, Finished, GenerationEvent, PrefillProgress, ReasoningDelta, TextDelta, ToolCallArgsDelta,
     ToolCallEnd, ToolCallStart, Usage,
@@ -48,6 +49,19 @@ class ResponsesEncoder:
                 "status": self.status, "model": self.model, "output": self.output,
                 "usage": None if self._usage is None or self.status == "in_progress" else usage_json(self._usage),
                 "error": self.error, "incomplete_details": self.incomplete_details, **self.echo}
+
+    def output_message(self) -> Message:
+        """The output as the assistant turn a `previous_response_id` continuation replays."""
+        parts: list[Part] = []
+        for item in self.output:
+            if item["type"] == "reasoning":
+                parts.append(ReasoningPart(item["summary"][0]["text"]))
+            elif item["type"] == "message":
+                parts.append(TextPart(item["content"][0]["text"]))
+            elif item["type"] == "function_call":
+                name = flat_tool_name(item["namespace"], item["name"]) if "namespace" in item else item["name"]
+                parts.append(ToolCallPart(item["call_id"], name, item["arguments"]))
+        return Message("assistant", tuple(parts))
 
     def start(self) -> list[str]:
         return [self._frame("response.created", response=self.response()),

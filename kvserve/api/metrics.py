@@ -1,0 +1,73 @@
+"""Prometheus metrics for GET /metrics: requests, tokens, cache hits, TTFT and inter-token latency.
+
+Latencies are measured on the event stream the client receives (what a user feels), so
+they include detokenization and stop-string hold-back. Each app has its own registry, so
+several apps in one process (tests) do not collide. Engine gauges (queue depth, running
+sequences, KV usage) need an engine stats hook: see the report of this session.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kvserve.serving.events import GenerationEvent, ReasoningDelta, TextDelta, ToolCallArgsDelta, Usage
+
+_CONTENT = (TextDelta, ReasoningDelta, ToolCallArgsDelta)
+_KNOWN_PATHS = frozenset({
+    "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
+    "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize", "/",
+})
+
+router = APIRouter()
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("kvserve_http_requests", "HTTP requests", ["path", "status"], registry=r)
+        self.generations_in_flight = Gauge("kvserve_generations_in_flight", "Generations being streamed",
+                                           registry=r)
+        self.prompt_tokens = Counter("kvserve_prompt_tokens", "Prompt tokens", registry=r)
+        self.cached_prompt_tokens = Counter("kvserve_cached_prompt_tokens", "Prompt tokens served from the "
+                                            "prefix cache (hit rate = this / prompt_tokens)", registry=r)
+        self.generation_tokens = Counter("kvserve_generation_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram("kvserve_time_to_first_token_seconds", "Time to the first streamed delta",
+                              buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r)
+        self.itl = Histogram("kvserve_inter_token_latency_seconds", "Time between streamed deltas",
+                             buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5), registry=r)
+
+    def count_request(self, path: str, status: int) -> None:
+        self.requests.labels(path if path in _KNOWN_PATHS else "other", str(status)).inc()
+
+    async def observe(self, events: AsyncIterator[GenerationEvent]) -> AsyncIterator[GenerationEvent]:
+        started = last = time.monotonic()
+        first = True
+        usage: Usage | None = None
+        self.generations_in_flight.inc()
+        try:
+            async for event in events:
+                if isinstance(event, _CONTENT):
+                    now = time.monotonic()
+                    (self.ttft if first else self.itl).observe(now - (started if first else last))
+                    first, last = False, now
+                elif isinstance(event, Usage):
+                    usage = event
+                yield event
+        finally:
+            self.generations_in_flight.dec()
+            await events.aclose()  # type: ignore[attr-defined]
+            if usage is not None:
+                self.prompt_tokens.inc(usage.prompt_tokens)
+                self.cached_prompt_tokens.inc(usage.cached_tokens)
+                self.generation_tokens.inc(usage.completion_tokens)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
