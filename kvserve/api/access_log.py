@@ -49,6 +49,12 @@ class AccessLogMiddleware:
             metrics = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
             if metrics is not None:
                 metrics.count_request(scope["path"], status)
-            logger.info("request_id=%s method=%s path=%s status=%d duration_ms=%.1f client=%s",
-                        request_id, scope["method"], scope["path"], status,
-                        (time.monotonic() - started) * 1000, (scope.get("client") or ("-",))[0])
+            logger.info(
+                "request_id=%s method=%s path=%s status=%d duration_ms=%.1f client=%s",
+                request_id,
+                scope["method"],
+                scope["path"],
+                status,
+                (time.monotonic() - started) * 1000,
+                (scope.get("client") or ("-",))[0],
+            )

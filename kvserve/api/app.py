@@ -18,20 +18,26 @@ from kvserve.api.openai_completions import router as completions_router
 from kvserve.api.openai_responses import router as responses_router
 from kvserve.api.settings import ApiSettings
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.engine_stats import EngineStatsSource
 from kvserve.serving.response_store import ResponseStore
 
 # Status nginx uses for "client closed request"; nobody reads it, but logs should not say 200 or 500.
 _CLIENT_CLOSED = 499
 
 
-def create_app(service: ChatService, settings: ApiSettings | None = None,
-               response_store: ResponseStore | None = None) -> FastAPI:
-    """`response_store` defaults to an in-memory one (`kvserve serve` passes a persistent one)."""
+def create_app(
+    service: ChatService,
+    settings: ApiSettings | None = None,
+    response_store: ResponseStore | None = None,
+    engine_stats: EngineStatsSource | None = None,
+) -> FastAPI:
+    """`response_store` defaults to an in-memory one (`kvserve serve` passes a persistent one);
+    `engine_stats` feeds the engine gauges of /metrics."""
     settings = settings or ApiSettings()
     app = FastAPI(title="kvserve", version=__version__)
     app.state.chat_service = service
     app.state.settings = settings
-    app.state.metrics = metrics.Metrics()
+    app.state.metrics = metrics.Metrics(engine_stats)
     app.state.response_store = response_store or ResponseStore()
     install_error_handlers(app)
 

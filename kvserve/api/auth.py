@@ -24,17 +24,30 @@ class ApiKeyMiddleware:
             return
         message = "invalid or missing API key"
         path = scope["path"]
-        body = anthropic_error_body(401, message) if is_anthropic_path(path) else openai_error_body(401, message)
+        body = (
+            anthropic_error_body(401, message) if is_anthropic_path(path) else openai_error_body(401, message)
+        )
         payload = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-            (b"www-authenticate", b"Bearer")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
     @staticmethod
     def _is_open(scope: Scope) -> bool:
-        return scope["path"] in _OPEN_PATHS or (scope["path"] == "/" and scope["method"] == "HEAD") \
+        return (
+            scope["path"] in _OPEN_PATHS
+            or (scope["path"] == "/" and scope["method"] == "HEAD")
             or scope["method"] == "OPTIONS"
+        )
 
     def _has_key(self, scope: Scope) -> bool:
         headers = dict(scope["headers"])

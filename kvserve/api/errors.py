@@ -21,19 +21,41 @@ from kvserve.serving.errors import ContextLengthExceededError, RequestError
 
 logger = logging.getLogger(__name__)
 
-_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                 404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
-                 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
-                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 class ApiError(Exception):
     """An HTTP error answered in the route's protocol shape. `extra` adds fields next to message."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 extra: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -53,8 +75,13 @@ def is_anthropic_path(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
-def openai_error_body(status: int, message: str, param: str | None = None, code: str | None = None,
-                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def openai_error_body(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     error_type = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": error_type, "param": param, "code": code, **(extra or {})}}
 
@@ -87,7 +114,9 @@ def validation_message(error: ValidationError | RequestValidationError) -> tuple
                 shared += 1
             loc = loc[:shared]
     param = ".".join(loc) or None
-    return (f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")), param
+    return (
+        f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")
+    ), param
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -106,8 +135,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        messages = {404: f"unknown endpoint: {request.method} {request.url.path}",
-                    405: f"method {request.method} not allowed on {request.url.path}"}
+        messages = {
+            404: f"unknown endpoint: {request.method} {request.url.path}",
+            405: f"method {request.method} not allowed on {request.url.path}",
+        }
         message = messages.get(error.status_code, str(error.detail))
         headers = dict(error.headers or {})
         return error_response(request.url.path, ApiError(error.status_code, message), headers)

@@ -21,8 +21,14 @@ _STARTED = int(time.time())
 def _model_json(request: Request) -> dict[str, Any]:
     settings = request.app.state.settings
     ctx = chat_service(request).max_model_len
-    return {"id": settings.served_model_name, "object": "model", "created": _STARTED,
-            "owned_by": settings.owned_by, "context_length": ctx, "max_model_len": ctx}
+    return {
+        "id": settings.served_model_name,
+        "object": "model",
+        "created": _STARTED,
+        "owned_by": settings.owned_by,
+        "context_length": ctx,
+        "max_model_len": ctx,
+    }
 
 
 @router.get("/v1/models")

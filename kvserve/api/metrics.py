@@ -3,7 +3,7 @@
 Latencies are measured on the event stream the client receives (what a user feels), so
 they include detokenization and stop-string hold-back. Each app has its own registry, so
 several apps in one process (tests) do not collide. Engine gauges (queue depth, running
-sequences, KV usage) need an engine stats hook: see the report of this session.
+sequences, KV usage, prefix-cache hit rate) are read at scrape time from an EngineStatsSource.
 """
 
 from __future__ import annotations
@@ -13,34 +13,81 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
+from kvserve.serving.engine_stats import EngineStatsSource
 from kvserve.serving.events import GenerationEvent, ReasoningDelta, TextDelta, ToolCallArgsDelta, Usage
 
 _CONTENT = (TextDelta, ReasoningDelta, ToolCallArgsDelta)
-_KNOWN_PATHS = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
-    "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize", "/",
-})
+_KNOWN_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/tokenize",
+        "/detokenize",
+        "/",
+    }
+)
 
 router = APIRouter()
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, engine_stats: EngineStatsSource | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("kvserve_http_requests", "HTTP requests", ["path", "status"], registry=r)
-        self.generations_in_flight = Gauge("kvserve_generations_in_flight", "Generations being streamed",
-                                           registry=r)
+        self.generations_in_flight = Gauge(
+            "kvserve_generations_in_flight", "Generations being streamed", registry=r
+        )
         self.prompt_tokens = Counter("kvserve_prompt_tokens", "Prompt tokens", registry=r)
-        self.cached_prompt_tokens = Counter("kvserve_cached_prompt_tokens", "Prompt tokens served from the "
-                                            "prefix cache (hit rate = this / prompt_tokens)", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "kvserve_cached_prompt_tokens",
+            "Prompt tokens served from the prefix cache (hit rate = this / prompt_tokens)",
+            registry=r,
+        )
         self.generation_tokens = Counter("kvserve_generation_tokens", "Generated tokens", registry=r)
-        self.ttft = Histogram("kvserve_time_to_first_token_seconds", "Time to the first streamed delta",
-                              buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300), registry=r)
-        self.itl = Histogram("kvserve_inter_token_latency_seconds", "Time between streamed deltas",
-                             buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5), registry=r)
+        self.ttft = Histogram(
+            "kvserve_time_to_first_token_seconds",
+            "Time to the first streamed delta",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.itl = Histogram(
+            "kvserve_inter_token_latency_seconds",
+            "Time between streamed deltas",
+            buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5),
+            registry=r,
+        )
+        if engine_stats is not None:
+            self._engine_gauges(engine_stats)
+
+    def _engine_gauges(self, source: EngineStatsSource) -> None:
+        gauges = {
+            "kvserve_num_running_seqs": ("Sequences running in the engine", lambda s: s.num_running),
+            "kvserve_num_waiting_seqs": ("Requests queued in the engine", lambda s: s.num_waiting),
+            "kvserve_kv_cache_usage": ("Fraction of KV blocks in use", lambda s: s.kv_usage),
+            "kvserve_prefix_cache_hit_rate": (
+                "Prompt tokens found in the prefix cache / looked up",
+                lambda s: s.prefix_cache_hit_rate,
+            ),
+        }
+        for name, (help_text, read) in gauges.items():
+            gauge = Gauge(name, help_text, registry=self.registry)
+            gauge.set_function(lambda read=read: float(read(source())))
 
     def count_request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in _KNOWN_PATHS else "other", str(status)).inc()

@@ -50,11 +50,17 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # HF overrides Jinja's tojson: no HTML escaping, non-ASCII kept as is.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -91,8 +97,10 @@ class ChatRenderer:
         }
         if request.active_tools:
             context["tools"] = [
-                {"type": "function",
-                 "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+                }
                 for t in request.active_tools
             ]
         if request.reasoning.enabled is not None:  # Qwen3-style switch; ignored by other templates
@@ -123,8 +131,11 @@ def _to_template_message(message: Message, names_by_call_id: dict[str, str]) -> 
             out["reasoning_content"] = message.reasoning
         if message.tool_calls:
             out["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.name, "arguments": _parse_arguments(c.arguments)}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": _parse_arguments(c.arguments)},
+                }
                 for c in message.tool_calls
             ]
     if message.role == "tool":

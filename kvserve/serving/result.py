@@ -6,8 +6,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from kvserve.serving.events import (
-    Failed, Finished, FinishReason, GenerationEvent, ReasoningDelta, TextDelta, ToolCallArgsDelta,
-    ToolCallEnd, ToolCallStart, Usage,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
 )
 
 

@@ -61,7 +61,9 @@ def make_harness(engine: FakeEngine, ctx: int = 4096, keepalive_s: float = 5.0, 
     # The SDKs ship their own fork of httpx (httpx2); it has the same ASGI transport.
     sdk_http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://kvserve")
     return Harness(
-        engine, service, http,
+        engine,
+        service,
+        http,
         openai.AsyncOpenAI(base_url="http://kvserve/v1", api_key="k", http_client=sdk_http, max_retries=0),
         anthropic.AsyncAnthropic(base_url="http://kvserve", api_key="k", http_client=sdk_http, max_retries=0),
     )

@@ -75,8 +75,13 @@ Script = list[int] | Callable[[list[int]], list[int]]
 
 
 class FakeEngine:
-    def __init__(self, script: Script = (), token_delay_s: float = 0.0, prefill_delay_s: float = 0.0,
-                 fail_after: int | None = None):
+    def __init__(
+        self,
+        script: Script = (),
+        token_delay_s: float = 0.0,
+        prefill_delay_s: float = 0.0,
+        fail_after: int | None = None,
+    ):
         self.script = script
         self.token_delay_s = token_delay_s
         self.prefill_delay_s = prefill_delay_s
@@ -107,14 +112,24 @@ class FakeEngine:
                 is_last = i + 1 == min(len(tokens), params.max_tokens)
                 reason = self._finish_reason(token_id, params, is_last, len(tokens))
                 finished = reason is not None
-                yield EngineOutput(request_id, (token_id,), finish_reason=reason,
-                                   num_prompt_tokens=len(prompt_token_ids), num_cached_tokens=cached)
+                yield EngineOutput(
+                    request_id,
+                    (token_id,),
+                    finish_reason=reason,
+                    num_prompt_tokens=len(prompt_token_ids),
+                    num_cached_tokens=cached,
+                )
                 if finished:
                     return
             # A script shorter than max_tokens without EOS ends as if the context filled up.
             finished = True
-            yield EngineOutput(request_id, (), finish_reason=FinishReason.LENGTH,
-                               num_prompt_tokens=len(prompt_token_ids), num_cached_tokens=cached)
+            yield EngineOutput(
+                request_id,
+                (),
+                finish_reason=FinishReason.LENGTH,
+                num_prompt_tokens=len(prompt_token_ids),
+                num_cached_tokens=cached,
+            )
         finally:
             self.running.discard(request_id)
             self._history.append(list(prompt_token_ids) + generated)
@@ -133,7 +148,7 @@ class FakeEngine:
         best = 0
         for seen in self._history:
             n = 0
-            for a, b in zip(seen, prompt):
+            for a, b in zip(seen, prompt, strict=False):
                 if a != b:
                     break
                 n += 1

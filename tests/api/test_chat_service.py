@@ -134,7 +134,9 @@ async def test_segmenter_factory_is_the_parsing_seam() -> None:
             return [ToolCallStart(0, "ab", "f"), ToolCallEnd(0, "{}")]
 
     engine = FakeEngine(reply("thinking"))
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", segmenter_factory=lambda chat: FakeToolParser())
+    service = ChatService(
+        engine, FakeTokenizerInfo(), 4096, "fake", segmenter_factory=lambda chat: FakeToolParser()
+    )
     events = await _events(service, _chat())
     assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "thinking"
     assert events[-1] == Finished("tool_calls")

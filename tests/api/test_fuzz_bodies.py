@@ -24,19 +24,76 @@ VALID = {
     "/tokenize": {"prompt": "hi"},
     "/detokenize": {"tokens": [104, 105]},
 }
-FIELDS = ["messages", "prompt", "input", "max_tokens", "max_output_tokens", "stream", "stop", "stop_sequences",
-          "temperature", "top_p", "top_k", "seed", "n", "tools", "tool_choice", "system", "instructions",
-          "reasoning", "reasoning_effort", "thinking", "stream_options", "logprobs", "tokens", "model",
-          "response_format", "text", "previous_response_id", "output_config", "ignore_eos"]
+FIELDS = [
+    "messages",
+    "prompt",
+    "input",
+    "max_tokens",
+    "max_output_tokens",
+    "stream",
+    "stop",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "n",
+    "tools",
+    "tool_choice",
+    "system",
+    "instructions",
+    "reasoning",
+    "reasoning_effort",
+    "thinking",
+    "stream_options",
+    "logprobs",
+    "tokens",
+    "model",
+    "response_format",
+    "text",
+    "previous_response_id",
+    "output_config",
+    "ignore_eos",
+]
 
-_scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
-            | st.text(max_size=20) | st.sampled_from(["user", "assistant", "tool", "text", "function", "auto"]))
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.sampled_from(["user", "assistant", "tool", "text", "function", "auto"])
+)
 json_values = st.recursive(
     _scalars,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["role", "content", "type", "text", "name", "tool_calls", "function", "arguments",
-                         "id", "input", "tool_use_id", "call_id", "output", "image_url", "url", "source"])
-        | st.text(max_size=5), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "role",
+                    "content",
+                    "type",
+                    "text",
+                    "name",
+                    "tool_calls",
+                    "function",
+                    "arguments",
+                    "id",
+                    "input",
+                    "tool_use_id",
+                    "call_id",
+                    "output",
+                    "image_url",
+                    "url",
+                    "source",
+                ]
+            )
+            | st.text(max_size=5),
+            children,
+            max_size=4,
+        )
+    ),
     max_leaves=12,
 )
 
@@ -59,12 +116,18 @@ def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
 
 def test_fuzzed_bodies_never_give_5xx() -> None:
     engine = FakeEngine(reply("ok"))
-    app = create_app(ChatService(engine, FakeTokenizerInfo(), 512, "fake"), ApiSettings(served_model_name="fake"))
+    app = create_app(
+        ChatService(engine, FakeTokenizerInfo(), 512, "fake"), ApiSettings(served_model_name="fake")
+    )
     statuses: list[int] = []
     with TestClient(app, raise_server_exceptions=False) as client:
 
-        @settings(max_examples=2500, deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @settings(
+            max_examples=2500,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
         @given(bodies())
         def check(case: tuple[str, bytes]) -> None:
             path, raw = case

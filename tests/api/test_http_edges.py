@@ -28,10 +28,21 @@ def _assert_error_shape(path: str, response, status: int) -> dict:  # noqa: ANN0
 
 
 @pytest.mark.parametrize("path", ROUTES)
-@pytest.mark.parametrize("raw", [
-    b"{", b"not json", b"", b"[]", b'"str"', b'{"messages": NaN}', b'{"a": Infinity}', b'{"a": -Infinity}',
-    b'{"a": 1,}', b"\xff\xfe{}",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{",
+        b"not json",
+        b"",
+        b"[]",
+        b'"str"',
+        b'{"messages": NaN}',
+        b'{"a": Infinity}',
+        b'{"a": -Infinity}',
+        b'{"a": 1,}',
+        b"\xff\xfe{}",
+    ],
+)
 async def test_malformed_bodies_are_400(harness: Harness, path: str, raw: bytes) -> None:
     response = await harness.http.post(path, content=raw, headers={"content-type": "application/json"})
     _assert_error_shape(path, response, 400)
@@ -52,11 +63,14 @@ async def test_lone_surrogates_become_replacement_characters(harness: Harness) -
     response = await harness.http.post("/v1/chat/completions", content=raw)
     assert response.status_code == 200
     prompt = harness.service.detokenize(harness.engine.requests[0][0])
-    assert "a\ufffdb\ufffdc \U0001F600" in prompt
+    assert "a\ufffdb\ufffdc \U0001f600" in prompt
 
 
 async def test_duplicate_keys_last_wins(harness: Harness) -> None:
-    raw = b'{"messages": [{"role": "user", "content": "first", "content": "second"}], "stream": true, "stream": false}'
+    raw = (
+        b'{"messages": [{"role": "user", "content": "first", "content": "second"}],'
+        b' "stream": true, "stream": false}'
+    )
     response = await harness.http.post("/v1/chat/completions", content=raw)
     assert response.status_code == 200 and response.json()["object"] == "chat.completion"
     assert "second" in harness.service.detokenize(harness.engine.requests[0][0])
@@ -89,7 +103,9 @@ async def test_models_health_head_and_tokenize(harness: Harness) -> None:
     assert (await harness.http.head("/")).status_code == 200
     tokens = (await harness.http.post("/tokenize", json={"prompt": "hé"})).json()
     assert tokens["tokens"] == list("hé".encode()) and tokens["count"] == 3
-    assert (await harness.http.post("/detokenize", json={"tokens": tokens["tokens"]})).json() == {"prompt": "hé"}
+    assert (await harness.http.post("/detokenize", json={"tokens": tokens["tokens"]})).json() == {
+        "prompt": "hé"
+    }
     _assert_error_shape("/detokenize", await harness.http.post("/detokenize", json={"tokens": [10**9]}), 400)
     _assert_error_shape("/detokenize", await harness.http.post("/detokenize", json={"tokens": ["a"]}), 400)
     assert (await harness.http.get("/openapi.json")).status_code == 200
@@ -98,7 +114,9 @@ async def test_models_health_head_and_tokenize(harness: Harness) -> None:
 async def test_api_key_is_checked_on_every_route_but_health() -> None:
     h = make_harness(FakeEngine(reply("ok")), api_key="sekret")
     _assert_error_shape("/v1/models", await h.http.get("/v1/models"), 401)
-    error = _assert_error_shape("/v1/messages", await h.http.post("/v1/messages", json=ROUTES["/v1/messages"]), 401)
+    error = _assert_error_shape(
+        "/v1/messages", await h.http.post("/v1/messages", json=ROUTES["/v1/messages"]), 401
+    )
     assert error["type"] == "authentication_error"
     wrong = await h.http.get("/v1/models", headers={"authorization": "Bearer nope"})
     assert wrong.status_code == 401
@@ -107,25 +125,36 @@ async def test_api_key_is_checked_on_every_route_but_health() -> None:
     assert (await h.http.get("/health")).status_code == 200
     # The SDKs send their key in their own header: both must get through.
     h.openai.api_key = "sekret"
-    assert (await h.openai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}]))
+    assert await h.openai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     h.anthropic.api_key = "sekret"
-    assert (await h.anthropic.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}]))
+    assert await h.anthropic.messages.create(
+        model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}]
+    )
 
 
 async def test_cors_is_off_by_default_and_on_with_the_flag(harness: Harness) -> None:
     headers = {"origin": "http://example.com"}
-    assert "access-control-allow-origin" not in (await harness.http.get("/v1/models", headers=headers)).headers
+    assert (
+        "access-control-allow-origin" not in (await harness.http.get("/v1/models", headers=headers)).headers
+    )
     h = make_harness(FakeEngine(reply("ok")), cors=True, api_key="k")
     response = await h.http.get("/v1/models", headers=headers)
     assert response.status_code == 401 and response.headers["access-control-allow-origin"] == "*"
-    preflight = await h.http.options("/v1/chat/completions", headers={
-        **headers, "access-control-request-method": "POST", "access-control-request-headers": "authorization"})
+    preflight = await h.http.options(
+        "/v1/chat/completions",
+        headers={
+            **headers,
+            "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization",
+        },
+    )
     assert preflight.status_code == 200 and "access-control-allow-methods" in preflight.headers
 
 
 async def test_request_ids_are_echoed_and_reach_the_engine(harness: Harness) -> None:
-    response = await harness.http.post("/v1/chat/completions", json=ROUTES["/v1/chat/completions"],
-                                       headers={"x-request-id": "client-42"})
+    response = await harness.http.post(
+        "/v1/chat/completions", json=ROUTES["/v1/chat/completions"], headers={"x-request-id": "client-42"}
+    )
     assert response.headers["x-request-id"] == "client-42"
     assert harness.engine.request_ids[-1].startswith("client-42-")
     generated = (await harness.http.get("/v1/models")).headers["x-request-id"]
@@ -145,3 +174,24 @@ async def test_metrics_count_requests_tokens_and_latency(harness: Harness) -> No
     assert f"kvserve_generation_tokens_total {float(len(reply('Hello there!')))}" in text
     assert "kvserve_time_to_first_token_seconds_count 1.0" in text
     assert "kvserve_generations_in_flight 0.0" in text
+
+
+async def test_engine_gauges_come_from_the_stats_source() -> None:
+    import httpx
+
+    from kvserve.api.app import create_app
+    from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.engine_stats import EngineStats
+    from tests.api.fake_engine import FakeTokenizerInfo
+
+    service = ChatService(FakeEngine(reply("x")), FakeTokenizerInfo(), 64, MODEL)
+    app = create_app(service, engine_stats=lambda: EngineStats(3, 2, 0.25, 0.5))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        text = (await client.get("/metrics")).text
+    for line in (
+        "kvserve_num_running_seqs 3.0",
+        "kvserve_num_waiting_seqs 2.0",
+        "kvserve_kv_cache_usage 0.25",
+        "kvserve_prefix_cache_hit_rate 0.5",
+    ):
+        assert line in text

@@ -13,7 +13,12 @@ from tests.api.conftest import MODEL, LiveServer, wait_until
 from tests.api.fake_engine import FakeEngine, reply
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
-ANTHROPIC = {"model": MODEL, "max_tokens": 1000, "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+ANTHROPIC = {
+    "model": MODEL,
+    "max_tokens": 1000,
+    "messages": [{"role": "user", "content": "Hi"}],
+    "stream": True,
+}
 
 
 async def _read_then_close(client: httpx.AsyncClient, path: str, body: dict) -> None:
@@ -27,9 +32,14 @@ async def _read_then_close(client: httpx.AsyncClient, path: str, body: dict) -> 
 async def test_streaming_disconnects_abort_every_request(live_server: LiveServer) -> None:
     engine = live_server.engine
     async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
-        await asyncio.gather(*(
-            _read_then_close(client, "/v1/chat/completions" if i % 2 else "/v1/messages", CHAT if i % 2 else ANTHROPIC)
-            for i in range(20)))
+        await asyncio.gather(
+            *(
+                _read_then_close(
+                    client, "/v1/chat/completions" if i % 2 else "/v1/messages", CHAT if i % 2 else ANTHROPIC
+                )
+                for i in range(20)
+            )
+        )
         started = time.monotonic()
         await wait_until(lambda: len(engine.aborted) == 20, timeout=2.0)
         assert time.monotonic() - started < 0.5
@@ -47,14 +57,16 @@ async def test_non_streaming_disconnect_aborts(live_server: LiveServer) -> None:
     assert not engine.running
 
 
-@pytest.mark.parametrize("live_server", [FakeEngine(reply("concurrent reply " * 5), token_delay_s=0.001)],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "live_server", [FakeEngine(reply("concurrent reply " * 5), token_delay_s=0.001)], indirect=True
+)
 async def test_sixteen_concurrent_streams_complete(live_server: LiveServer) -> None:
     client = openai.AsyncOpenAI(base_url=f"{live_server.url}/v1", api_key="k", max_retries=0)
 
     async def one(i: int) -> str:
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"request {i}"}], stream=True)
+            model=MODEL, messages=[{"role": "user", "content": f"request {i}"}], stream=True
+        )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     texts = await asyncio.gather(*(one(i) for i in range(16)))

@@ -28,15 +28,19 @@ async def test_non_streaming_response_and_usage(harness: Harness) -> None:
 
 async def test_second_turn_reports_cached_tokens(harness: Harness) -> None:
     first = await harness.openai.chat.completions.create(model=MODEL, messages=USER)
-    messages = USER + [{"role": "assistant", "content": first.choices[0].message.content},
-                       {"role": "user", "content": "And again?"}]
+    messages = USER + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And again?"},
+    ]
     second = await harness.openai.chat.completions.create(model=MODEL, messages=messages)
     assert second.usage.prompt_tokens_details.cached_tokens > 0
 
 
 async def test_stream_exact_sequence(harness: Harness) -> None:
-    frames = await harness.sse("/v1/chat/completions", {
-        "model": MODEL, "messages": USER, "stream": True, "stream_options": {"include_usage": True}})
+    frames = await harness.sse(
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": USER, "stream": True, "stream_options": {"include_usage": True}},
+    )
     assert all(name is None for name, _ in frames)
     chunks = [data for _, data in frames[:-1]]
     assert frames[-1][1] == "[DONE]"
@@ -45,7 +49,9 @@ async def test_stream_exact_sequence(harness: Harness) -> None:
     assert "".join(c["choices"][0]["delta"]["content"] for c in text_chunks) == "Hello there!"
     assert all(c["choices"][0]["finish_reason"] is None for c in text_chunks)
     assert chunks[-2]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len(reply("Hello there!"))
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len(
+        reply("Hello there!")
+    )
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
     assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL for c in chunks)
 
@@ -58,7 +64,8 @@ async def test_stream_without_include_usage_has_no_usage_chunk(harness: Harness)
 
 async def test_sdk_stream_reassembles_text(harness: Harness) -> None:
     stream = await harness.openai.chat.completions.create(
-        model=MODEL, messages=USER, stream=True, stream_options={"include_usage": True})
+        model=MODEL, messages=USER, stream=True, stream_options={"include_usage": True}
+    )
     text, usage, finish = "", None, None
     async for chunk in stream:
         if chunk.usage:
@@ -84,8 +91,9 @@ async def test_stop_strings_and_max_tokens() -> None:
 
 async def test_stream_never_leaks_a_partial_stop_string() -> None:
     h = make_harness(FakeEngine(reply("abc<EN<END>tail")))
-    frames = await h.sse("/v1/chat/completions",
-                         {"model": MODEL, "messages": USER, "stream": True, "stop": "<END>"})
+    frames = await h.sse(
+        "/v1/chat/completions", {"model": MODEL, "messages": USER, "stream": True, "stop": "<END>"}
+    )
     deltas = [d["choices"][0]["delta"].get("content") for _, d in frames[1:-2]]
     assert "".join(deltas) == "abc<EN"
     assert all("<END" not in d for d in deltas)
@@ -102,14 +110,28 @@ async def test_multibyte_text_is_never_split() -> None:
 async def test_message_shapes_reach_the_prompt(harness: Harness) -> None:
     messages = [
         {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "part one, "}, {"type": "text", "text": "two"}]},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "part one, "}, {"type": "text", "text": "two"}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "result!"},
         {"role": "system", "content": "late system"},
     ]
-    await harness.openai.chat.completions.create(model=MODEL, messages=messages, user="u", metadata={"a": "b"},
-                                                 store=False, extra_body={"prompt_cache_key": "k"})
+    await harness.openai.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        user="u",
+        metadata={"a": "b"},
+        store=False,
+        extra_body={"prompt_cache_key": "k"},
+    )
     prompt = harness.service.detokenize(harness.engine.requests[0][0])
     assert "<|im_start|>system\nBe brief.<|im_end|>" in prompt
     assert "part one, two" in prompt and "<|im_start|>tool\nresult!<|im_end|>" in prompt
@@ -118,29 +140,64 @@ async def test_message_shapes_reach_the_prompt(harness: Harness) -> None:
 
 async def test_sampling_fields_reach_the_engine(harness: Harness) -> None:
     await harness.openai.chat.completions.create(
-        model=MODEL, messages=USER, temperature=0.0, top_p=0.5, seed=7, presence_penalty=0.5,
-        extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1})
+        model=MODEL,
+        messages=USER,
+        temperature=0.0,
+        top_p=0.5,
+        seed=7,
+        presence_penalty=0.5,
+        extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1},
+    )
     params = harness.engine.requests[0][1]
-    assert (params.temperature, params.top_p, params.seed, params.top_k, params.min_p) == (0.0, 0.5, 7, 5, 0.1)
+    assert (params.temperature, params.top_p, params.seed, params.top_k, params.min_p) == (
+        0.0,
+        0.5,
+        7,
+        5,
+        0.1,
+    )
     assert (params.presence_penalty, params.repetition_penalty) == (0.5, 1.1)
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"messages": USER, "n": 2}, "n"),
-    ({"messages": USER, "temperature": "hot"}, "temperature"),
-    ({"messages": USER, "stream": "true"}, "stream"),
-    ({"messages": USER, "top_p": 7}, "top_p"),
-    ({"messages": USER, "max_tokens": -1}, "max_tokens"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
-     "messages.0.content.0"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
-        "url": "data:image/png;base64,AAAA"}}]}]}, "messages"),
-    ({}, "messages"),
-    ({"messages": []}, "messages"),
-    ({"messages": USER, "tool_choice": "sometimes"}, "tool_choice"),
-    ({"messages": USER, "reasoning_effort": "banana"}, "reasoning_effort"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"messages": USER, "n": 2}, "n"),
+        ({"messages": USER, "temperature": "hot"}, "temperature"),
+        ({"messages": USER, "stream": "true"}, "stream"),
+        ({"messages": USER, "top_p": 7}, "top_p"),
+        ({"messages": USER, "max_tokens": -1}, "max_tokens"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+                    }
+                ]
+            },
+            "messages.0.content.0",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                        ],
+                    }
+                ]
+            },
+            "messages",
+        ),
+        ({}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": USER, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"messages": USER, "reasoning_effort": "banana"}, "reasoning_effort"),
+    ],
+)
 async def test_bad_requests_are_openai_400s(harness: Harness, body: dict, param: str) -> None:
     response = await harness.http.post("/v1/chat/completions", json=body)
     assert response.status_code == 400, response.text
@@ -151,7 +208,9 @@ async def test_bad_requests_are_openai_400s(harness: Harness, body: dict, param:
 
 async def test_context_length_exceeded_shape() -> None:
     h = make_harness(FakeEngine(reply("x")), ctx=32)
-    response = await h.http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 50}]})
+    response = await h.http.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 50}]}
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"

@@ -23,8 +23,10 @@ async def test_default_max_tokens_is_openais_16() -> None:
 
 
 async def test_stream_sequence(harness: Harness) -> None:
-    frames = await harness.sse("/v1/completions", {"prompt": ["Once"], "stream": True, "max_tokens": 50,
-                                                   "stream_options": {"include_usage": True}})
+    frames = await harness.sse(
+        "/v1/completions",
+        {"prompt": ["Once"], "stream": True, "max_tokens": 50, "stream_options": {"include_usage": True}},
+    )
     chunks = [d for _, d in frames[:-1]]
     assert frames[-1][1] == "[DONE]"
     assert "".join(c["choices"][0]["text"] for c in chunks[:-2]) == "Hello there!"
@@ -39,13 +41,24 @@ async def test_stop_and_context_errors() -> None:
     assert completion.choices[0].text == "alpha"
     response = await h.http.post("/v1/completions", json={"prompt": "x" * 20})
     error = response.json()["error"]
-    assert response.status_code == 400 and error["param"] == "prompt" and error["code"] == "context_length_exceeded"
+    assert (
+        response.status_code == 400
+        and error["param"] == "prompt"
+        and error["code"] == "context_length_exceeded"
+    )
 
 
-@pytest.mark.parametrize("body,param", [
-    ({}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "a", "n": 3}, "n"),
-    ({"prompt": "a", "echo": True}, "echo"), ({"prompt": 5}, "prompt"), ({"prompt": ""}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": "a", "n": 3}, "n"),
+        ({"prompt": "a", "echo": True}, "echo"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+    ],
+)
 async def test_bad_requests(harness: Harness, body: dict, param: str) -> None:
     response = await harness.http.post("/v1/completions", json=body)
     assert response.status_code == 400, response.text

@@ -10,7 +10,14 @@ import pytest
 
 from kvserve.api.openai_responses.encoder import ResponsesEncoder
 from kvserve.serving.events import (
-    Failed, Finished, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, Usage,
+    Failed,
+    Finished,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
 )
 from tests.api.conftest import MODEL, Harness, make_harness, parse_sse
 from tests.api.fake_engine import FakeEngine, reply
@@ -33,10 +40,18 @@ async def test_non_streaming_response(harness: Harness) -> None:
 
 async def test_second_turn_reports_cached_tokens(harness: Harness) -> None:
     first = await harness.openai.responses.create(model=MODEL, input="Hi")
-    second = await harness.openai.responses.create(model=MODEL, input=[
-        {"role": "user", "content": "Hi"},
-        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": first.output_text}]},
-        {"role": "user", "content": [{"type": "input_text", "text": "More"}]}])
+    second = await harness.openai.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "Hi"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": first.output_text}],
+            },
+            {"role": "user", "content": [{"type": "input_text", "text": "More"}]},
+        ],
+    )
     assert second.usage.input_tokens_details.cached_tokens > 0
 
 
@@ -44,10 +59,21 @@ async def test_stream_exact_event_sequence(harness: Harness) -> None:
     frames = await harness.sse("/v1/responses", {"model": MODEL, "input": "Hi", "stream": True})
     types = [data["type"] for _, data in frames]
     n = types.count("response.output_text.delta")
-    assert types == (["response.created", "response.in_progress", "response.output_item.added",
-                      "response.content_part.added"] + ["response.output_text.delta"] * n
-                     + ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                        "response.completed"])
+    assert types == (
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ]
+        + ["response.output_text.delta"] * n
+        + [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    )
     assert [data["sequence_number"] for _, data in frames] == list(range(len(frames)))
     assert all(name == data["type"] for name, data in frames)
     assert frames[0][1]["response"]["status"] == "in_progress" and frames[0][1]["response"]["output"] == []
@@ -76,26 +102,51 @@ async def test_length_is_incomplete() -> None:
 
 def test_encoder_reasoning_tools_and_namespaces() -> None:
     encoder = ResponsesEncoder("resp_1", MODEL, {}, include_reasoning=True, namespaces=frozenset({"ns"}))
-    events = [Usage(5, 0, 0), ReasoningDelta("hmm"), TextDelta("ok"), ToolCallStart(0, "ab", "ns__tool"),
-              ToolCallArgsDelta(0, "{}"), ToolCallEnd(0, "{}"), ToolCallStart(1, "cd", "plain"),
-              ToolCallEnd(1, '{"a":1}'), Usage(5, 9, 0), Finished("tool_calls")]
+    events = [
+        Usage(5, 0, 0),
+        ReasoningDelta("hmm"),
+        TextDelta("ok"),
+        ToolCallStart(0, "ab", "ns__tool"),
+        ToolCallArgsDelta(0, "{}"),
+        ToolCallEnd(0, "{}"),
+        ToolCallStart(1, "cd", "plain"),
+        ToolCallEnd(1, '{"a":1}'),
+        Usage(5, 9, 0),
+        Finished("tool_calls"),
+    ]
     frames = parse_sse("".join(encoder.start() + [f for e in events for f in encoder.encode(e)]))
     types = [d["type"] for _, d in frames]
     assert types == [
-        "response.created", "response.in_progress",
-        "response.output_item.added", "response.reasoning_summary_part.added", "response.reasoning_summary_text.delta",
-        "response.reasoning_summary_text.done", "response.reasoning_summary_part.done", "response.output_item.done",
-        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done",
-        "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     output = frames[-1][1]["response"]["output"]
     assert [o["type"] for o in output] == ["reasoning", "message", "function_call", "function_call"]
     assert (output[2]["namespace"], output[2]["name"], output[2]["call_id"]) == ("ns", "tool", "call_ab")
-    assert output[3]["name"] == "plain" and output[3]["arguments"] == '{"a":1}' and "namespace" not in output[3]
+    assert (
+        output[3]["name"] == "plain" and output[3]["arguments"] == '{"a":1}' and "namespace" not in output[3]
+    )
     assert [d["output_index"] for _, d in frames if d["type"] == "response.output_item.added"] == [0, 1, 2, 3]
 
 
@@ -108,29 +159,41 @@ def test_encoder_drops_reasoning_without_summary_opt_in_and_reports_failure() ->
 
 
 async def test_input_items_render(harness: Harness) -> None:
-    await harness.openai.responses.create(model=MODEL, input=[
-        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "dev"}]},
-        {"type": "message", "role": "user", "content": "run it"},
-        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "plan"}]},
-        {"type": "function_call", "call_id": "call_9", "name": "exec", "arguments": '{"cmd":"ls"}'},
-        {"type": "function_call_output", "call_id": "call_9", "output": "a.txt"},
-        {"type": "compaction", "id": "c1"},
-    ], tools=[{"type": "function", "name": "exec", "parameters": {"type": "object", "properties": {}}},
-              {"type": "web_search"}])
+    await harness.openai.responses.create(
+        model=MODEL,
+        input=[
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "dev"}]},
+            {"type": "message", "role": "user", "content": "run it"},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "plan"}]},
+            {"type": "function_call", "call_id": "call_9", "name": "exec", "arguments": '{"cmd":"ls"}'},
+            {"type": "function_call_output", "call_id": "call_9", "output": "a.txt"},
+            {"type": "compaction", "id": "c1"},
+        ],
+        tools=[
+            {"type": "function", "name": "exec", "parameters": {"type": "object", "properties": {}}},
+            {"type": "web_search"},
+        ],
+    )
     prompt = harness.service.detokenize(harness.engine.requests[0][0])
     assert "<|im_start|>system\ndev<|im_end|>" in prompt and "<|im_start|>tool\na.txt<|im_end|>" in prompt
 
 
-@pytest.mark.parametrize("body,param", [
-    ({}, "input"),
-    ({"input": []}, "input"),
-    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"input": [{"type": "mystery"}]}, "input.0.type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input.0.content.0"),
-    ({"input": "x", "tool_choice": {"type": "allowed_tools"}}, "tool_choice"),
-    ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
-    ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({}, "input"),
+        ({"input": []}, "input"),
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"type": "mystery"}]}, "input.0.type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "input.0.content.0",
+        ),
+        ({"input": "x", "tool_choice": {"type": "allowed_tools"}}, "tool_choice"),
+        ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+        ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens"),
+    ],
+)
 async def test_bad_requests_are_openai_400s(harness: Harness, body: dict, param: str) -> None:
     response = await harness.http.post("/v1/responses", json=body)
     assert response.status_code == 400, response.text

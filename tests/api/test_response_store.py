@@ -59,11 +59,14 @@ async def test_previous_response_id_continues_the_conversation(harness: Harness)
     first = await harness.openai.responses.create(model=MODEL, input="Hi", instructions="Be brief.")
     fetched = await harness.openai.responses.retrieve(first.id)
     assert fetched.output_text == "Hello there!"
-    second = await harness.openai.responses.create(model=MODEL, input="And again?", previous_response_id=first.id,
-                                                   instructions="New rules.")
+    second = await harness.openai.responses.create(
+        model=MODEL, input="And again?", previous_response_id=first.id, instructions="New rules."
+    )
     prompt = harness.service.detokenize(harness.engine.requests[1][0])
-    assert prompt.startswith("<|im_start|>system\nNew rules.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                             "<|im_start|>assistant\nHello there!<|im_end|>\n<|im_start|>user\nAnd again?")
+    assert prompt.startswith(
+        "<|im_start|>system\nNew rules.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello there!<|im_end|>\n<|im_start|>user\nAnd again?"
+    )
     assert "Be brief." not in prompt
     assert second.previous_response_id == first.id
 

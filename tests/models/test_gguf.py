@@ -18,10 +18,11 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 
-from kvserve.models.loader import load_model
 from kvserve.models.errors import CorruptModelFileError, ModelNotFoundError, UnsupportedModelError
+from kvserve.models.loader import load_model
 from kvserve.models.loader.gguf import dequantize, iter_hf_tensors, read_gguf_config
 from kvserve.models.loader.gguf_config import _llama3_freq_factors
+from tests.models.gguf_files import write_gguf
 from tests.models.helpers import make_tiny_hf_model
 
 # -- dequantization --------------------------------------------------------------------------
@@ -90,13 +91,13 @@ def _ref_q6_k(block: bytes) -> list[float]:
     out = [0.0] * 256
     for n in range(2):
         base_l, base_h, base_s, y = 64 * n, 32 * n, 8 * n, 128 * n
-        for l in range(32):
-            s = base_s + l // 16
-            lo, hi, h = ql[base_l + l], ql[base_l + l + 32], qh[base_h + l]
-            out[y + l] = d * sc[s] * (((lo & 0xF) | ((h & 3) << 4)) - 32)
-            out[y + l + 32] = d * sc[s + 2] * (((hi & 0xF) | (((h >> 2) & 3) << 4)) - 32)
-            out[y + l + 64] = d * sc[s + 4] * (((lo >> 4) | (((h >> 4) & 3) << 4)) - 32)
-            out[y + l + 96] = d * sc[s + 6] * (((hi >> 4) | (((h >> 6) & 3) << 4)) - 32)
+        for j in range(32):
+            s = base_s + j // 16
+            lo, hi, h = ql[base_l + j], ql[base_l + j + 32], qh[base_h + j]
+            out[y + j] = d * sc[s] * (((lo & 0xF) | ((h & 3) << 4)) - 32)
+            out[y + j + 32] = d * sc[s + 2] * (((hi & 0xF) | (((h >> 2) & 3) << 4)) - 32)
+            out[y + j + 64] = d * sc[s + 4] * (((lo >> 4) | (((h >> 4) & 3) << 4)) - 32)
+            out[y + j + 96] = d * sc[s + 6] * (((hi >> 4) | (((h >> 6) & 3) << 4)) - 32)
     return out
 
 
@@ -120,56 +121,6 @@ def test_dequantize_k_quants_match_scalar_reference(qtype: Q) -> None:
 # -- synthetic GGUF files --------------------------------------------------------------------
 
 
-def _permute_like_llama_cpp(weights: np.ndarray, num_heads: int) -> np.ndarray:
-    """convert_hf_to_gguf.LlamaModel.permute."""
-    return (
-        weights.reshape(num_heads, 2, weights.shape[0] // num_heads // 2, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
-
-
-def _write_gguf(path: Path, hf_model: torch.nn.Module, arch: str, *, qtype: Q = Q.F32) -> Path:
-    """Write `hf_model` as llama.cpp's converter would: its names, permutation and norm offset."""
-    config = hf_model.config
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_uint32(f"{arch}.context_length", config.max_position_embeddings)
-    writer.add_uint32(f"{arch}.embedding_length", config.hidden_size)
-    writer.add_uint32(f"{arch}.block_count", config.num_hidden_layers)
-    writer.add_uint32(f"{arch}.feed_forward_length", config.intermediate_size)
-    writer.add_uint32(f"{arch}.attention.head_count", config.num_attention_heads)
-    writer.add_uint32(f"{arch}.attention.head_count_kv", config.num_key_value_heads)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_uint32(f"{arch}.attention.key_length", head_dim)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    writer.add_float32(f"{arch}.rope.freq_base", 10_000.0)
-    if arch == "gemma3":
-        writer.add_uint32(f"{arch}.attention.sliding_window", config.sliding_window)
-    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
-    name_map = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
-    for hf_name, tensor in hf_model.state_dict().items():
-        if hf_name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        stem, suffix = hf_name.rsplit(".", 1)
-        gguf_name = f"{name_map.get_name(stem)}.{suffix}"
-        values = tensor.numpy().astype(np.float32)
-        if arch == "llama" and ".attn_q." in gguf_name:
-            values = _permute_like_llama_cpp(values, config.num_attention_heads)
-        if arch == "llama" and ".attn_k." in gguf_name:
-            values = _permute_like_llama_cpp(values, config.num_key_value_heads)
-        if arch == "gemma3" and gguf_name.endswith("norm.weight"):
-            values = values + 1.0
-        if values.ndim == 2 and qtype != Q.F32:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(gguf_name, values)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny_llama() -> torch.nn.Module:
     return make_tiny_hf_model("llama_tied")
@@ -177,26 +128,40 @@ def tiny_llama() -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def tiny_llama_gguf(tiny_llama: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf", tiny_llama, "llama")
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf", tiny_llama, "llama")
 
 
 def test_metadata_translates_to_hf_config(tiny_llama: torch.nn.Module, tiny_llama_gguf: Path) -> None:
     _, config = read_gguf_config(tiny_llama_gguf)
     hf = tiny_llama.config
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+    ):
         assert config[key] == getattr(hf, key), key
     assert config["model_type"] == "llama" and config["tie_word_embeddings"] is True
     assert config["rope_scaling"] is None and config["rope_theta"] == 10_000.0
     assert config["rms_norm_eps"] == pytest.approx(hf.rms_norm_eps)
 
 
-@pytest.mark.parametrize("family,arch", [("llama_tied", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("gemma3", "gemma3")])
+@pytest.mark.parametrize(
+    "family,arch", [("llama_tied", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3"), ("gemma3", "gemma3")]
+)
 def test_tensors_come_back_under_hf_names_and_layouts(family: str, arch: str, tmp_path: Path) -> None:
     hf_model = make_tiny_hf_model(family)
-    gguf_file, config = read_gguf_config(_write_gguf(tmp_path / f"{family}.gguf", hf_model, arch))
+    gguf_file, config = read_gguf_config(write_gguf(tmp_path / f"{family}.gguf", hf_model, arch))
     ours = dict(iter_hf_tensors(gguf_file, config, torch.float32, progress=False))
-    expected = {k: v for k, v in hf_model.state_dict().items() if not (k == "lm_head.weight" and config["tie_word_embeddings"])}
+    expected = {
+        k: v
+        for k, v in hf_model.state_dict().items()
+        if not (k == "lm_head.weight" and config["tie_word_embeddings"])
+    }
     assert ours.keys() == expected.keys()
     for name, tensor in expected.items():
         # Gemma norms round-trip through w + 1 - 1 in float32.
@@ -204,16 +169,18 @@ def test_tensors_come_back_under_hf_names_and_layouts(family: str, arch: str, tm
 
 
 def test_quantized_tensors_load_in_the_requested_dtype(tiny_llama: torch.nn.Module, tmp_path: Path) -> None:
-    gguf_file, config = read_gguf_config(_write_gguf(tmp_path / "q8.gguf", tiny_llama, "llama", qtype=Q.Q8_0))
+    gguf_file, config = read_gguf_config(write_gguf(tmp_path / "q8.gguf", tiny_llama, "llama", qtype=Q.Q8_0))
     ours = dict(iter_hf_tensors(gguf_file, config, torch.bfloat16, progress=False))
     assert all(t.dtype == torch.bfloat16 for t in ours.values())
     expected = tiny_llama.state_dict()["model.layers.0.self_attn.q_proj.weight"]
-    torch.testing.assert_close(ours["model.layers.0.self_attn.q_proj.weight"].float(), expected, atol=0.02, rtol=0.02)
+    torch.testing.assert_close(
+        ours["model.layers.0.self_attn.q_proj.weight"].float(), expected, atol=0.02, rtol=0.02
+    )
 
 
 def test_gemma3_config_follows_llama_cpp(tmp_path: Path) -> None:
     hf_model = make_tiny_hf_model("gemma3")
-    _, config = read_gguf_config(_write_gguf(tmp_path / "gemma.gguf", hf_model, "gemma3"))
+    _, config = read_gguf_config(write_gguf(tmp_path / "gemma.gguf", hf_model, "gemma3"))
     assert config["model_type"] == "gemma3_text"
     assert config["layer_types"] == ["sliding_attention"] * 4  # every 6th layer is global; this one has 4
     assert config["sliding_window"] == hf_model.config.sliding_window
@@ -234,8 +201,13 @@ def test_llama3_rope_scaling_recovered_from_rope_freqs() -> None:
     file = GGUFFile(Path("x.gguf"), {}, (info,), blob)
     meta = {"rope.freq_base": 500_000.0, "rope.dimension_count": 64}
     scaling = _llama3_rope_scaling(file, lambda name, default=None: meta.get(name, default))
-    assert scaling == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                       "original_max_position_embeddings": 8192}
+    assert scaling == {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     assert math.isclose(float(factors[10]), float(_llama3_freq_factors(500_000.0, 64, 32.0)[10]))
 
 
@@ -258,7 +230,9 @@ def test_truncated_file_is_a_corrupt_file_error(tiny_llama_gguf: Path, tmp_path:
         _assert_one_line(error, truncated, "truncated")
 
 
-@pytest.mark.parametrize("content", [b"", b"GGU", bytes(np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8))])
+@pytest.mark.parametrize(
+    "content", [b"", b"GGU", bytes(np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8))]
+)
 def test_non_gguf_bytes_are_a_corrupt_file_error(content: bytes, tmp_path: Path) -> None:
     path = tmp_path / "junk.gguf"
     path.write_bytes(content)
@@ -269,7 +243,11 @@ def test_non_gguf_bytes_are_a_corrupt_file_error(content: bytes, tmp_path: Path)
 
 def test_garbage_after_a_valid_magic_is_a_corrupt_file_error(tmp_path: Path) -> None:
     path = tmp_path / "magic.gguf"
-    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + bytes(np.random.default_rng(4).integers(0, 256, 512, dtype=np.uint8)))
+    path.write_bytes(
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 1, 1)
+        + bytes(np.random.default_rng(4).integers(0, 256, 512, dtype=np.uint8))
+    )
     with pytest.raises(CorruptModelFileError) as error:
         read_gguf_config(path)
     _assert_one_line(error, path)
@@ -286,8 +264,13 @@ def test_missing_file_and_bad_folder_are_not_found_errors(tmp_path: Path) -> Non
 
 def _write_minimal(path: Path, arch: str, tensors: dict[str, tuple[np.ndarray, Q]]) -> Path:
     writer = gguf.GGUFWriter(path, arch)
-    for key, value in {"context_length": 64, "embedding_length": 256, "block_count": 1, "feed_forward_length": 256,
-                       "attention.head_count": 4}.items():
+    for key, value in {
+        "context_length": 64,
+        "embedding_length": 256,
+        "block_count": 1,
+        "feed_forward_length": 256,
+        "attention.head_count": 4,
+    }.items():
         writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     for name, (values, qtype) in tensors.items():
@@ -300,7 +283,9 @@ def _write_minimal(path: Path, arch: str, tensors: dict[str, tuple[np.ndarray, Q
 
 
 def test_unknown_architecture_is_unsupported(tmp_path: Path) -> None:
-    path = _write_minimal(tmp_path / "gpt2.gguf", "gpt2", {"token_embd.weight": (np.zeros((4, 256), np.float32), Q.F32)})
+    path = _write_minimal(
+        tmp_path / "gpt2.gguf", "gpt2", {"token_embd.weight": (np.zeros((4, 256), np.float32), Q.F32)}
+    )
     with pytest.raises(UnsupportedModelError) as error:
         read_gguf_config(path)
     _assert_one_line(error, path, "'gpt2'")
@@ -308,8 +293,11 @@ def test_unknown_architecture_is_unsupported(tmp_path: Path) -> None:
 
 def test_unsupported_tensor_type_is_reported_before_any_tensor_is_read(tmp_path: Path) -> None:
     embedding = np.zeros((4, 256), np.float32)
-    path = _write_minimal(tmp_path / "tq.gguf", "llama", {"output_norm.weight": (np.ones(256, np.float32), Q.F32),
-                                                          "token_embd.weight": (embedding, Q.TQ2_0)})
+    path = _write_minimal(
+        tmp_path / "tq.gguf",
+        "llama",
+        {"output_norm.weight": (np.ones(256, np.float32), Q.F32), "token_embd.weight": (embedding, Q.TQ2_0)},
+    )
     gguf_file, config = read_gguf_config(path)
     tensors = iter_hf_tensors(gguf_file, config, torch.float32, progress=False)
     with pytest.raises(UnsupportedModelError) as error:
@@ -318,7 +306,9 @@ def test_unsupported_tensor_type_is_reported_before_any_tensor_is_read(tmp_path:
 
 
 def test_unknown_tensor_type_id_is_unsupported(tmp_path: Path) -> None:
-    path = _write_minimal(tmp_path / "id.gguf", "llama", {"token_embd.weight": (np.zeros((4, 256), np.float32), Q.F32)})
+    path = _write_minimal(
+        tmp_path / "id.gguf", "llama", {"token_embd.weight": (np.zeros((4, 256), np.float32), Q.F32)}
+    )
     data = bytearray(path.read_bytes())
     name = b"token_embd.weight"
     dims_at = data.find(name) + len(name)

@@ -13,6 +13,8 @@ from kvserve.models.loaded import TokenizerInfo
 from kvserve.models.loader.gguf_reader import read_gguf
 from kvserve.models.loader.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
 
+pytestmark = pytest.mark.model
+
 TEXTS = [
     "Hello world",
     "  leading spaces\n\nand\ttabs",
@@ -37,7 +39,9 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, TokenizerIn
     return path, load_gguf_tokenizer(path, read_gguf(path).metadata, cache_dir=cache_dir), cache_dir
 
 
-def test_gguf_tokenizer_encodes_like_the_transformers_conversion(smollm2: tuple[Path, TokenizerInfo, Path]) -> None:
+def test_gguf_tokenizer_encodes_like_the_transformers_conversion(
+    smollm2: tuple[Path, TokenizerInfo, Path],
+) -> None:
     path, info, _ = smollm2
     reference = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     for text in TEXTS:
@@ -73,7 +77,9 @@ def test_hf_folder_tokenizer_with_template_file_and_generation_config(
 ) -> None:
     _, info, _ = smollm2
     info.tokenizer.save_pretrained(str(tmp_path))
-    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    )
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     folder = load_hf_tokenizer(tmp_path)
     assert folder.tokenizer.encode("Hello world") == info.tokenizer.encode("Hello world")

@@ -5,13 +5,21 @@ from __future__ import annotations
 import pytest
 
 from kvserve.chat.conversation import (
-    ChatRequest, Message, ReasoningControl, ReasoningPart, TextPart, ToolCallPart, ToolResultPart, ToolSpec,
+    ChatRequest,
+    Message,
+    ReasoningControl,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    ToolSpec,
 )
 from kvserve.chat.render import CHATML_TEMPLATE, ChatRenderer, ChatTemplateError
 
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+    "trained by Hugging Face<|im_end|>\n' }}"
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -30,7 +38,7 @@ TOOLS_TEMPLATE = """{{ bos_token }}
 {%- if message.reasoning_content %}(r:{{ message.reasoning_content }}){% endif %}
 </{{ message.role }}>
 {% endfor %}
-{%- if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}{% endif %}"""
+{%- if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}{% endif %}"""  # noqa: E501
 
 
 def _user(text: str) -> Message:
@@ -63,10 +71,14 @@ def test_tools_tool_calls_and_results_reach_the_template() -> None:
     tool = ToolSpec("get_weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}}})
     messages = (
         _user("Weather in Paris?"),
-        Message("assistant", (ReasoningPart("think"), ToolCallPart("c1", "get_weather", '{"city": "Paris"}'))),
+        Message(
+            "assistant", (ReasoningPart("think"), ToolCallPart("c1", "get_weather", '{"city": "Paris"}'))
+        ),
         Message("tool", (ToolResultPart("c1", "sunny"),)),
     )
-    text = renderer.render(ChatRequest(messages=messages, tools=(tool,), reasoning=ReasoningControl(enabled=False)))
+    text = renderer.render(
+        ChatRequest(messages=messages, tools=(tool,), reasoning=ReasoningControl(enabled=False))
+    )
     assert text.startswith("<s><tools>\n")
     assert '"name": "get_weather"' in text and "é" not in text
     assert '<call id="c1">{"city": "Paris"}</call>' in text
@@ -109,4 +121,3 @@ def test_sandbox_blocks_attribute_escapes() -> None:
 def test_strftime_now_and_generation_tag() -> None:
     renderer = ChatRenderer("{% generation %}{{ strftime_now('%Y') }}{% endgeneration %}")
     assert renderer.render(ChatRequest(messages=())).isdigit()
-

@@ -39,7 +39,9 @@ GOLDEN = [
 
 
 @pytest.mark.parametrize(("text", "stop", "expected", "expected_stopped"), GOLDEN)
-def test_every_split_gives_the_same_output(text: str, stop: list[str], expected: str, expected_stopped: bool) -> None:
+def test_every_split_gives_the_same_output(
+    text: str, stop: list[str], expected: str, expected_stopped: bool
+) -> None:
     splits = [[text]] + [[text[:i], text[i:]] for i in range(len(text) + 1)] + [list(text)]
     for chunks in splits:
         out, stopped, _ = _run(chunks, stop)

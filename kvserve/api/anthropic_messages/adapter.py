@@ -7,15 +7,41 @@ from typing import Any, Literal
 
 from kvserve.api.anthropic_messages.schema import ContentBlock, MessageParam, MessagesRequest
 from kvserve.api.errors import ApiError, anthropic_error_body
-from kvserve.api.request_fields import arguments_text, image_part, max_tokens, reasoning_from_effort, stop_list
+from kvserve.api.request_fields import (
+    arguments_text,
+    image_part,
+    max_tokens,
+    reasoning_from_effort,
+    stop_list,
+)
 from kvserve.api.sse import KEEPALIVE, event_frame
 from kvserve.chat.conversation import (
-    ChatRequest, GenerationOptions, Message, NamedToolChoice, Part, ReasoningControl, ReasoningPart,
-    SamplingOptions, TextPart, ToolCallPart, ToolChoice, ToolResultPart, ToolSpec,
+    ChatRequest,
+    GenerationOptions,
+    Message,
+    NamedToolChoice,
+    Part,
+    ReasoningControl,
+    ReasoningPart,
+    SamplingOptions,
+    TextPart,
+    ToolCallPart,
+    ToolChoice,
+    ToolResultPart,
+    ToolSpec,
 )
 from kvserve.serving.events import (
-    Failed, Finished, FinishReason, GenerationEvent, PrefillProgress, ReasoningDelta, TextDelta,
-    ToolCallArgsDelta, ToolCallEnd, ToolCallStart, Usage,
+    Failed,
+    Finished,
+    FinishReason,
+    GenerationEvent,
+    PrefillProgress,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
 )
 from kvserve.serving.result import GenerationResult
 
@@ -27,6 +53,7 @@ _CLIENT_TOOL_TYPES = (None, "custom")
 
 
 # -- request ---------------------------------------------------------------------------
+
 
 def to_chat_request(wire: MessagesRequest) -> ChatRequest:
     if not wire.messages:
@@ -45,8 +72,11 @@ def to_chat_request(wire: MessagesRequest) -> ChatRequest:
     return ChatRequest(
         messages=tuple(messages),
         options=options,
-        tools=tuple(ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object", "properties": {}})
-                    for t in wire.tools or () if t.type in _CLIENT_TOOL_TYPES),
+        tools=tuple(
+            ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object", "properties": {}})
+            for t in wire.tools or ()
+            if t.type in _CLIENT_TOOL_TYPES
+        ),
         tool_choice=_tool_choice(wire.tool_choice),
         reasoning=_reasoning(wire),
     )
@@ -93,7 +123,9 @@ def _messages(message: MessageParam, index: int) -> list[Message]:
     """One wire message -> canonical messages; tool_result blocks become their own tool messages."""
     role = {"user": "user", "assistant": "assistant", "system": "system"}.get(message.role)
     if role is None:
-        raise ApiError(400, f"messages.{index}.role: unknown role {message.role!r}", param=f"messages.{index}.role")
+        raise ApiError(
+            400, f"messages.{index}.role: unknown role {message.role!r}", param=f"messages.{index}.role"
+        )
     if isinstance(message.content, str):
         return [Message(role, (TextPart(message.content),))]  # type: ignore[arg-type]
     out: list[Message] = []
@@ -126,8 +158,9 @@ def _part(block: ContentBlock, role: str, param: str) -> Part | None:
         return ToolCallPart(block.id or "", block.name or "", arguments)
     if block.type == "image":
         return image_part(_image_url(block.source or {}, param), param)
-    raise ApiError(400, f"{param}: unsupported content block type {block.type!r} in a {role} message",
-                   param=param)
+    raise ApiError(
+        400, f"{param}: unsupported content block type {block.type!r} in a {role} message", param=param
+    )
 
 
 def _image_url(source: dict[str, Any], param: str) -> str:
@@ -144,11 +177,14 @@ def _tool_result(block: ContentBlock, param: str) -> ToolResultPart:
         text = content
     else:
         # Text blocks joined; an image inside a tool result is marked, not sent (no vision yet).
-        text = "".join(b.text or "" if b.type == "text" else "[image]" if b.type == "image" else "" for b in content)
+        text = "".join(
+            b.text or "" if b.type == "text" else "[image]" if b.type == "image" else "" for b in content
+        )
     return ToolResultPart(block.tool_use_id or "", text, is_error=bool(block.is_error))
 
 
 # -- response --------------------------------------------------------------------------
+
 
 def stop_reason(reason: FinishReason, stop_sequence: str | None) -> str:
     if reason == "tool_calls":
@@ -159,8 +195,12 @@ def stop_reason(reason: FinishReason, stop_sequence: str | None) -> str:
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
-    return {"input_tokens": usage.uncached_prompt_tokens, "output_tokens": usage.completion_tokens,
-            "cache_read_input_tokens": usage.cached_tokens, "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": usage.uncached_prompt_tokens,
+        "output_tokens": usage.completion_tokens,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -178,13 +218,26 @@ def to_response(result: GenerationResult, message_id: str, model: str) -> dict[s
     if result.text:
         content.append({"type": "text", "text": result.text})
     for call in result.tool_calls:
-        content.append({"type": "tool_use", "id": f"toolu_{call.id}", "name": call.name,
-                        "input": tool_input(call.arguments)})
+        content.append(
+            {
+                "type": "tool_use",
+                "id": f"toolu_{call.id}",
+                "name": call.name,
+                "input": tool_input(call.arguments),
+            }
+        )
     if not any(block["type"] != "thinking" for block in content):
         content.append({"type": "text", "text": ""})
-    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop_reason(result.finish_reason, result.stop_sequence),
-            "stop_sequence": result.stop_sequence, "usage": usage_json(result.usage)}
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(result.finish_reason, result.stop_sequence),
+        "stop_sequence": result.stop_sequence,
+        "usage": usage_json(result.usage),
+    }
 
 
 BlockKind = Literal["thinking", "text", "tool_use"]
@@ -215,21 +268,27 @@ class MessagesStreamEncoder:
                 return [event_frame("ping", {"type": "ping"})] if self._started else [KEEPALIVE]
             case ReasoningDelta(text):
                 return self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""}) + [
-                    self._delta({"type": "thinking_delta", "thinking": text})]
+                    self._delta({"type": "thinking_delta", "thinking": text})
+                ]
             case TextDelta(text):
                 return self._block("text", {"type": "text", "text": ""}) + [
-                    self._delta({"type": "text_delta", "text": text})]
+                    self._delta({"type": "text_delta", "text": text})
+                ]
             case ToolCallStart(_, call_id, name):
                 frames = self._ensure_started() + self._close()
                 self._args_streamed = False
                 return frames + self._open_block(
-                    "tool_use", {"type": "tool_use", "id": f"toolu_{call_id}", "name": name, "input": {}})
+                    "tool_use", {"type": "tool_use", "id": f"toolu_{call_id}", "name": name, "input": {}}
+                )
             case ToolCallArgsDelta(_, fragment):
                 self._args_streamed = True
                 return [self._delta({"type": "input_json_delta", "partial_json": fragment})]
             case ToolCallEnd(_, arguments):
-                frames = [] if self._args_streamed else [
-                    self._delta({"type": "input_json_delta", "partial_json": arguments})]
+                frames = (
+                    []
+                    if self._args_streamed
+                    else [self._delta({"type": "input_json_delta", "partial_json": arguments})]
+                )
                 return frames + self._close()
             case Finished(reason, stop_sequence):
                 return self._finish(reason, stop_sequence)
@@ -241,10 +300,19 @@ class MessagesStreamEncoder:
         frames = self._ensure_started() + self._close()
         if all(kind == "thinking" for kind in self._kinds):  # clients expect a text block
             frames += self._open_block("text", {"type": "text", "text": ""}) + self._close()
-        frames.append(event_frame("message_delta", {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(reason, stop_sequence), "stop_sequence": stop_sequence},
-            "usage": usage_json(self._usage)}))
+        frames.append(
+            event_frame(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {
+                        "stop_reason": stop_reason(reason, stop_sequence),
+                        "stop_sequence": stop_sequence,
+                    },
+                    "usage": usage_json(self._usage),
+                },
+            )
+        )
         frames.append(event_frame("message_stop", {"type": "message_stop"}))
         return frames
 
@@ -253,10 +321,20 @@ class MessagesStreamEncoder:
             return []
         self._started = True
         usage = {**usage_json(self._usage), "output_tokens": 0}
-        message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
-                   "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
-        return [event_frame("message_start", {"type": "message_start", "message": message}),
-                event_frame("ping", {"type": "ping"})]
+        message = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        return [
+            event_frame("message_start", {"type": "message_start", "message": message}),
+            event_frame("ping", {"type": "ping"}),
+        ]
 
     def _block(self, kind: BlockKind, content_block: dict[str, Any]) -> list[str]:
         frames = self._ensure_started()
@@ -268,8 +346,12 @@ class MessagesStreamEncoder:
         self._open = kind
         self._index += 1
         self._kinds.append(kind)
-        return [event_frame("content_block_start", {"type": "content_block_start", "index": self._index,
-                                                    "content_block": content_block})]
+        return [
+            event_frame(
+                "content_block_start",
+                {"type": "content_block_start", "index": self._index, "content_block": content_block},
+            )
+        ]
 
     def _close(self) -> list[str]:
         if self._open is None:
@@ -282,5 +364,6 @@ class MessagesStreamEncoder:
         return frames
 
     def _delta(self, delta: dict[str, Any]) -> str:
-        return event_frame("content_block_delta", {"type": "content_block_delta", "index": self._index,
-                                                   "delta": delta})
+        return event_frame(
+            "content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta}
+        )

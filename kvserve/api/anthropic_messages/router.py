@@ -16,8 +16,12 @@ from kvserve.api.request_fields import new_id
 from kvserve.api.sse import sse_response
 
 router = APIRouter()
-_BODY = {"requestBody": {"content": {"application/json": {"schema": MessagesRequest.model_json_schema()}},
-                         "required": True}}
+_BODY = {
+    "requestBody": {
+        "content": {"application/json": {"schema": MessagesRequest.model_json_schema()}},
+        "required": True,
+    }
+}
 
 
 @router.post("/v1/messages", response_model=None, openapi_extra=_BODY)

@@ -8,24 +8,55 @@ from typing import Any
 from kvserve.api.errors import ApiError
 from kvserve.api.openai_chat.schema import ChatCompletionRequest, ChatMessage, ContentPart
 from kvserve.api.request_fields import (
-    arguments_text, image_part, max_tokens, new_id, reasoning_from_effort, stop_list,
+    arguments_text,
+    image_part,
+    max_tokens,
+    new_id,
+    reasoning_from_effort,
+    stop_list,
 )
 from kvserve.api.sse import DONE, KEEPALIVE, data_frame
 from kvserve.chat.conversation import (
-    ChatRequest, GenerationOptions, Message, NamedToolChoice, Part, ReasoningPart, Role, SamplingOptions,
-    TextPart, ToolCallPart, ToolChoice, ToolResultPart, ToolSpec,
+    ChatRequest,
+    GenerationOptions,
+    Message,
+    NamedToolChoice,
+    Part,
+    ReasoningPart,
+    Role,
+    SamplingOptions,
+    TextPart,
+    ToolCallPart,
+    ToolChoice,
+    ToolResultPart,
+    ToolSpec,
 )
 from kvserve.serving.events import (
-    Failed, Finished, GenerationEvent, PrefillProgress, ReasoningDelta, TextDelta, ToolCallArgsDelta,
-    ToolCallEnd, ToolCallStart, Usage,
+    Failed,
+    Finished,
+    GenerationEvent,
+    PrefillProgress,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
 )
 from kvserve.serving.result import GenerationResult
 
-_ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user",
-                           "assistant": "assistant", "tool": "tool", "function": "tool"}
+_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function": "tool",
+}
 
 
 # -- request ---------------------------------------------------------------------------
+
 
 def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
     if wire.n is not None and wire.n != 1:
@@ -36,10 +67,16 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
     logprobs = (wire.top_logprobs or 0) if wire.logprobs else None
     options = GenerationOptions(
         sampling=SamplingOptions(
-            temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k, min_p=wire.min_p,
-            seed=wire.seed, presence_penalty=wire.presence_penalty,
-            frequency_penalty=wire.frequency_penalty, repetition_penalty=wire.repetition_penalty,
-            logprobs=logprobs, ignore_eos=wire.ignore_eos,
+            temperature=wire.temperature,
+            top_p=wire.top_p,
+            top_k=wire.top_k,
+            min_p=wire.min_p,
+            seed=wire.seed,
+            presence_penalty=wire.presence_penalty,
+            frequency_penalty=wire.frequency_penalty,
+            repetition_penalty=wire.repetition_penalty,
+            logprobs=logprobs,
+            ignore_eos=wire.ignore_eos,
         ),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(limit, "max_tokens"),
@@ -48,9 +85,13 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
         messages=tuple(_message(m, i) for i, m in enumerate(wire.messages)),
         options=options,
         tools=tuple(
-            ToolSpec(t.function.name, t.function.description or "",
-                     t.function.parameters or {"type": "object", "properties": {}})
-            for t in wire.tools or () if t.type == "function" and t.function is not None
+            ToolSpec(
+                t.function.name,
+                t.function.description or "",
+                t.function.parameters or {"type": "object", "properties": {}},
+            )
+            for t in wire.tools or ()
+            if t.type == "function" and t.function is not None
         ),
         tool_choice=tool_choice(wire.tool_choice),
         reasoning=reasoning_from_effort(wire.reasoning_effort),
@@ -67,8 +108,9 @@ def tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
         name = (value.get("function") or {}).get("name") if isinstance(value.get("function"), dict) else None
         if value.get("type") == "function" and isinstance(name, str):
             return NamedToolChoice(name)
-    raise ApiError(400, 'tool_choice must be "auto", "none", "required" or a named function',
-                   param="tool_choice")
+    raise ApiError(
+        400, 'tool_choice must be "auto", "none", "required" or a named function', param="tool_choice"
+    )
 
 
 def _message(message: ChatMessage, index: int) -> Message:
@@ -84,8 +126,11 @@ def _message(message: ChatMessage, index: int) -> Message:
         return Message("tool", (ToolResultPart(message.tool_call_id or "", text),))
     parts.extend(content)
     for call in message.tool_calls or ():
-        parts.append(ToolCallPart(call.id or new_id("call_"), call.function.name,
-                                  arguments_text(call.function.arguments)))
+        parts.append(
+            ToolCallPart(
+                call.id or new_id("call_"), call.function.name, arguments_text(call.function.arguments)
+            )
+        )
     return Message(role, tuple(parts))
 
 
@@ -107,6 +152,7 @@ def _content_parts(content: str | list[ContentPart] | None, index: int) -> list[
 
 
 # -- response --------------------------------------------------------------------------
+
 
 def usage_json(usage: Usage) -> dict[str, Any]:
     return {
@@ -132,7 +178,9 @@ def to_response(result: GenerationResult, completion_id: str, model: str) -> dic
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}],
+        "choices": [
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}
+        ],
         "usage": usage_json(result.usage),
     }
 
@@ -187,8 +235,13 @@ class ChatStreamEncoder:
         return data_frame(self._envelope([choice]))
 
     def _envelope(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
-        chunk: dict[str, Any] = {"id": self.completion_id, "object": "chat.completion.chunk",
-                                 "created": self.created, "model": self.model, "choices": choices}
+        chunk: dict[str, Any] = {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if usage is not None:
             chunk["usage"] = usage
         return chunk

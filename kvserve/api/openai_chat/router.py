@@ -15,9 +15,16 @@ from kvserve.api.sse import sse_response
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", response_model=None,
-             openapi_extra={"requestBody": {"content": {"application/json": {
-                 "schema": ChatCompletionRequest.model_json_schema()}}, "required": True}})
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": ChatCompletionRequest.model_json_schema()}},
+            "required": True,
+        }
+    },
+)
 async def chat_completions(request: Request) -> Response:
     wire = await read_model(request, ChatCompletionRequest)
     service = chat_service(request)

@@ -29,9 +29,16 @@ def to_text_request(wire: CompletionRequest) -> TextRequest:
         prompt = wire.prompt
     options = GenerationOptions(
         sampling=SamplingOptions(
-            temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k, min_p=wire.min_p, seed=wire.seed,
-            presence_penalty=wire.presence_penalty, frequency_penalty=wire.frequency_penalty,
-            repetition_penalty=wire.repetition_penalty, logprobs=wire.logprobs, ignore_eos=wire.ignore_eos,
+            temperature=wire.temperature,
+            top_p=wire.top_p,
+            top_k=wire.top_k,
+            min_p=wire.min_p,
+            seed=wire.seed,
+            presence_penalty=wire.presence_penalty,
+            frequency_penalty=wire.frequency_penalty,
+            repetition_penalty=wire.repetition_penalty,
+            logprobs=wire.logprobs,
+            ignore_eos=wire.ignore_eos,
         ),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(wire.max_tokens, "max_tokens"),
@@ -41,8 +48,13 @@ def to_text_request(wire: CompletionRequest) -> TextRequest:
 
 def to_response(result: GenerationResult, completion_id: str, model: str) -> dict[str, Any]:
     return {
-        "id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}],
+        "id": completion_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}
+        ],
         "usage": usage_json(result.usage),
     }
 
@@ -70,16 +82,26 @@ class CompletionStreamEncoder:
                     frames.append(data_frame({**self._envelope([]), "usage": usage_json(self._usage)}))
                 return [*frames, DONE]
             case Failed(error):
-                return [data_frame({"error": {"message": error, "type": "server_error", "param": None,
-                                              "code": None}}), DONE]
+                return [
+                    data_frame(
+                        {"error": {"message": error, "type": "server_error", "param": None, "code": None}}
+                    ),
+                    DONE,
+                ]
             case PrefillProgress():
                 return [KEEPALIVE]
         return []
 
     def _chunk(self, text: str, finish_reason: str | None) -> str:
-        return data_frame(self._envelope([{"text": text, "index": 0, "logprobs": None,
-                                           "finish_reason": finish_reason}]))
+        return data_frame(
+            self._envelope([{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}])
+        )
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.completion_id, "object": "text_completion", "created": self.created,
-                "model": self.model, "choices": choices}
+        return {
+            "id": self.completion_id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }

@@ -15,9 +15,16 @@ from kvserve.api.sse import sse_response
 router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=None,
-             openapi_extra={"requestBody": {"content": {"application/json": {
-                 "schema": CompletionRequest.model_json_schema()}}, "required": True}})
+@router.post(
+    "/v1/completions",
+    response_model=None,
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}},
+            "required": True,
+        }
+    },
+)
 async def completions(request: Request) -> Response:
     wire = await read_model(request, CompletionRequest)
     service = chat_service(request)
@@ -27,6 +34,8 @@ async def completions(request: Request) -> Response:
     events = generate(request, prepared)
     if wire.stream:
         include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
-        return sse_response(encode_stream(CompletionStreamEncoder(completion_id, model, include_usage), events))
+        return sse_response(
+            encode_stream(CompletionStreamEncoder(completion_id, model, include_usage), events)
+        )
     result = await complete(request, events)
     return JSONResponse(to_response(result, completion_id, model))

@@ -7,13 +7,35 @@ from typing import Any
 
 from kvserve.api.errors import ApiError
 from kvserve.api.openai_responses.schema import InputContent, InputItem, ResponsesRequest
-from kvserve.api.request_fields import arguments_text, image_part, max_tokens, reasoning_from_effort, stop_list
+from kvserve.api.request_fields import (
+    arguments_text,
+    image_part,
+    max_tokens,
+    reasoning_from_effort,
+    stop_list,
+)
 from kvserve.chat.conversation import (
-    ChatRequest, GenerationOptions, Message, NamedToolChoice, Part, ReasoningPart, Role, SamplingOptions,
-    TextPart, ToolCallPart, ToolChoice, ToolResultPart, ToolSpec,
+    ChatRequest,
+    GenerationOptions,
+    Message,
+    NamedToolChoice,
+    Part,
+    ReasoningPart,
+    Role,
+    SamplingOptions,
+    TextPart,
+    ToolCallPart,
+    ToolChoice,
+    ToolResultPart,
+    ToolSpec,
 )
 
-_ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_ROLES: dict[str, Role] = {
+    "user": "user",
+    "assistant": "assistant",
+    "system": "system",
+    "developer": "system",
+}
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 # Bookkeeping items with nothing to render.
 _IGNORED_ITEMS = ("compaction", "context_compaction", "item_reference")
@@ -42,12 +64,18 @@ def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) 
     if wire.instructions:
         messages.append(Message("system", (TextPart(wire.instructions),)))
     messages.extend(previous)
-    items = [InputItem(type="message", role="user", content=wire.input)] if isinstance(wire.input, str) else wire.input
+    items = (
+        [InputItem(type="message", role="user", content=wire.input)]
+        if isinstance(wire.input, str)
+        else wire.input
+    )
     messages.extend(_messages(items))
     if not messages:
         raise ApiError(400, "input must not be empty", param="input")
     options = GenerationOptions(
-        sampling=SamplingOptions(temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k, seed=wire.seed),
+        sampling=SamplingOptions(
+            temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k, seed=wire.seed
+        ),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(wire.max_output_tokens, "max_output_tokens"),
     )
@@ -59,7 +87,9 @@ def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) 
         tools=tools(wire.tools or []),
         tool_choice=_tool_choice(wire.tool_choice),
         reasoning=reasoning_from_effort(effort, "reasoning.effort"),
-        response_format=text_format if isinstance(text_format, dict) and text_format.get("type") != "text" else None,
+        response_format=text_format
+        if isinstance(text_format, dict) and text_format.get("type") != "text"
+        else None,
     )
 
 
@@ -84,8 +114,11 @@ def _function_spec(tool: dict[str, Any], namespace: Any, param: str) -> ToolSpec
     if isinstance(namespace, str) and namespace:
         name = flat_tool_name(namespace, name)
     description = tool.get("description") if isinstance(tool.get("description"), str) else ""
-    return ToolSpec(name, description, parameters if isinstance(parameters, dict) else {"type": "object",
-                                                                                        "properties": {}})
+    return ToolSpec(
+        name,
+        description,
+        parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}},
+    )
 
 
 def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
@@ -93,12 +126,15 @@ def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
         return value or "auto"  # type: ignore[return-value]
     if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
         return NamedToolChoice(value["name"])
-    raise ApiError(400, 'tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}',
-                   param="tool_choice")
+    raise ApiError(
+        400,
+        'tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}',
+        param="tool_choice",
+    )
 
 
 def _messages(items: list[InputItem]) -> list[Message]:
-    """Items -> messages: calls merge into the preceding assistant turn, reasoning attaches to the next one."""
+    """Items -> messages: calls merge into the preceding assistant turn; reasoning attaches to the next."""
     out: list[Message] = []
     reasoning: list[Part] = []
 
@@ -137,12 +173,17 @@ def _messages(items: list[InputItem]) -> list[Message]:
             if kind == "function_call":
                 arguments = arguments_text({} if item.arguments is None else item.arguments)
             else:  # a custom tool takes free text; it travels as the one `input` argument
-                arguments = json.dumps({"input": item.input if isinstance(item.input, str) else ""},
-                                       ensure_ascii=False)
+                arguments = json.dumps(
+                    {"input": item.input if isinstance(item.input, str) else ""}, ensure_ascii=False
+                )
             add_assistant([ToolCallPart(item.call_id or item.id or "", name, arguments)])
         elif kind.endswith("_call_output") or kind == "tool_search_output":
-            out.append(Message("tool", (ToolResultPart(item.call_id or item.id or "", _output_text(item.output)),)))
-        elif kind.endswith("_call"):  # hosted calls replayed in history (local_shell_call, web_search_call, ...)
+            out.append(
+                Message("tool", (ToolResultPart(item.call_id or item.id or "", _output_text(item.output)),))
+            )
+        elif kind.endswith(
+            "_call"
+        ):  # hosted calls replayed in history (local_shell_call, web_search_call, ...)
             add_assistant([ToolCallPart(item.call_id or item.id or "", kind.removesuffix("_call"), "{}")])
         elif kind not in _IGNORED_ITEMS:
             raise ApiError(400, f"{param}: unsupported input item type {kind!r}", param=f"{param}.type")
@@ -163,8 +204,11 @@ def _content(content: str | list[InputContent] | None, param: str) -> list[Part]
         elif part.type == "input_image" and part.image_url:
             parts.append(image_part(part.image_url, f"{param}.content.{k}"))
         else:
-            raise ApiError(400, f"{param}.content.{k}: unsupported content type {part.type!r}",
-                           param=f"{param}.content.{k}")
+            raise ApiError(
+                400,
+                f"{param}.content.{k}: unsupported content type {part.type!r}",
+                param=f"{param}.content.{k}",
+            )
     return parts
 
 
@@ -174,5 +218,7 @@ def _output_text(output: Any) -> str:
     if isinstance(output, str):
         return output
     if isinstance(output, list):  # content array
-        return "".join(p.get("text", "") for p in output if isinstance(p, dict) and isinstance(p.get("text"), str))
+        return "".join(
+            p.get("text", "") for p in output if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
     return json.dumps(output, ensure_ascii=False)

@@ -15,20 +15,38 @@ from kvserve.api.request_fields import new_id
 from kvserve.api.sse import KEEPALIVE, event_frame
 from kvserve.chat.conversation import Message, Part, ReasoningPart, TextPart, ToolCallPart
 from kvserve.serving.events import (
-    Failed, Finished, GenerationEvent, PrefillProgress, ReasoningDelta, TextDelta, ToolCallArgsDelta,
-    ToolCallEnd, ToolCallStart, Usage,
+    Failed,
+    Finished,
+    GenerationEvent,
+    PrefillProgress,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
 )
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
-    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.total_tokens}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.total_tokens,
+    }
 
 
 class ResponsesEncoder:
-    def __init__(self, response_id: str, model: str, echo: dict[str, Any], include_reasoning: bool,
-                 namespaces: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        echo: dict[str, Any],
+        include_reasoning: bool,
+        namespaces: frozenset[str] = frozenset(),
+    ):
         self.response_id = response_id
         self.model = model
         self.echo = echo  # request fields repeated in every response object
@@ -45,10 +63,18 @@ class ResponsesEncoder:
         self._sequence = 0
 
     def response(self) -> dict[str, Any]:
-        return {"id": self.response_id, "object": "response", "created_at": self.created_at,
-                "status": self.status, "model": self.model, "output": self.output,
-                "usage": None if self._usage is None or self.status == "in_progress" else usage_json(self._usage),
-                "error": self.error, "incomplete_details": self.incomplete_details, **self.echo}
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "model": self.model,
+            "output": self.output,
+            "usage": None if self._usage is None or self.status == "in_progress" else usage_json(self._usage),
+            "error": self.error,
+            "incomplete_details": self.incomplete_details,
+            **self.echo,
+        }
 
     def output_message(self) -> Message:
         """The output as the assistant turn a `previous_response_id` continuation replays."""
@@ -59,13 +85,17 @@ class ResponsesEncoder:
             elif item["type"] == "message":
                 parts.append(TextPart(item["content"][0]["text"]))
             elif item["type"] == "function_call":
-                name = flat_tool_name(item["namespace"], item["name"]) if "namespace" in item else item["name"]
+                name = (
+                    flat_tool_name(item["namespace"], item["name"]) if "namespace" in item else item["name"]
+                )
                 parts.append(ToolCallPart(item["call_id"], name, item["arguments"]))
         return Message("assistant", tuple(parts))
 
     def start(self) -> list[str]:
-        return [self._frame("response.created", response=self.response()),
-                self._frame("response.in_progress", response=self.response())]
+        return [
+            self._frame("response.created", response=self.response()),
+            self._frame("response.in_progress", response=self.response()),
+        ]
 
     def encode(self, event: GenerationEvent) -> list[str]:
         match event:
@@ -74,8 +104,16 @@ class ResponsesEncoder:
                 item = self._open
                 assert item is not None
                 item["content"][0]["text"] += text
-                return frames + [self._frame("response.output_text.delta", item_id=item["id"],
-                                             output_index=self._index, content_index=0, delta=text, logprobs=[])]
+                return frames + [
+                    self._frame(
+                        "response.output_text.delta",
+                        item_id=item["id"],
+                        output_index=self._index,
+                        content_index=0,
+                        delta=text,
+                        logprobs=[],
+                    )
+                ]
             case ReasoningDelta(text):
                 if not self.include_reasoning:
                     return []
@@ -83,16 +121,29 @@ class ResponsesEncoder:
                 item = self._open
                 assert item is not None
                 item["summary"][0]["text"] += text
-                return frames + [self._frame("response.reasoning_summary_text.delta", item_id=item["id"],
-                                             output_index=self._index, summary_index=0, delta=text)]
+                return frames + [
+                    self._frame(
+                        "response.reasoning_summary_text.delta",
+                        item_id=item["id"],
+                        output_index=self._index,
+                        summary_index=0,
+                        delta=text,
+                    )
+                ]
             case ToolCallStart(_, call_id, name):
                 return self._close() + self._open_item(self._function_call(call_id, name))
             case ToolCallArgsDelta(_, fragment):
                 assert self._open is not None
                 self._open["arguments"] += fragment
                 self._args_streamed = True
-                return [self._frame("response.function_call_arguments.delta", item_id=self._open["id"],
-                                    output_index=self._index, delta=fragment)]
+                return [
+                    self._frame(
+                        "response.function_call_arguments.delta",
+                        item_id=self._open["id"],
+                        output_index=self._index,
+                        delta=fragment,
+                    )
+                ]
             case ToolCallEnd(_, arguments):
                 return self._end_call(arguments)
             case Usage():
@@ -121,13 +172,25 @@ class ResponsesEncoder:
     def _ensure_message(self) -> list[str]:
         if self._open is not None and self._open["type"] == "message":
             return []
-        item = {"id": new_id("msg_"), "type": "message", "status": "in_progress", "role": "assistant",
-                "content": []}
+        item = {
+            "id": new_id("msg_"),
+            "type": "message",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
         frames = self._close() + self._open_item(item)
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         item["content"].append(part)
-        return frames + [self._frame("response.content_part.added", item_id=item["id"], output_index=self._index,
-                                     content_index=0, part={**part})]
+        return frames + [
+            self._frame(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=self._index,
+                content_index=0,
+                part={**part},
+            )
+        ]
 
     def _ensure_reasoning(self) -> list[str]:
         if self._open is not None and self._open["type"] == "reasoning":
@@ -135,13 +198,25 @@ class ResponsesEncoder:
         item = {"id": new_id("rs_"), "type": "reasoning", "status": "in_progress", "summary": []}
         frames = self._close() + self._open_item(item)
         item["summary"].append({"type": "summary_text", "text": ""})
-        return frames + [self._frame("response.reasoning_summary_part.added", item_id=item["id"],
-                                     output_index=self._index, summary_index=0,
-                                     part={"type": "summary_text", "text": ""})]
+        return frames + [
+            self._frame(
+                "response.reasoning_summary_part.added",
+                item_id=item["id"],
+                output_index=self._index,
+                summary_index=0,
+                part={"type": "summary_text", "text": ""},
+            )
+        ]
 
     def _function_call(self, call_id: str, name: str) -> dict[str, Any]:
-        item = {"id": new_id("fc_"), "type": "function_call", "status": "in_progress",
-                "call_id": f"call_{call_id}", "name": name, "arguments": ""}
+        item = {
+            "id": new_id("fc_"),
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": f"call_{call_id}",
+            "name": name,
+            "arguments": "",
+        }
         namespace, sep, short = name.partition(NAMESPACE_SEPARATOR)
         if sep and namespace in self.namespaces:  # give the client back its own namespace/name pair
             item["namespace"], item["name"] = namespace, short
@@ -158,11 +233,24 @@ class ResponsesEncoder:
         assert item is not None and item["type"] == "function_call"
         frames = []
         if not self._args_streamed:
-            frames.append(self._frame("response.function_call_arguments.delta", item_id=item["id"],
-                                      output_index=self._index, delta=arguments))
+            frames.append(
+                self._frame(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=self._index,
+                    delta=arguments,
+                )
+            )
         item["arguments"] = arguments
-        frames.append(self._frame("response.function_call_arguments.done", item_id=item["id"],
-                                  output_index=self._index, name=item["name"], arguments=arguments))
+        frames.append(
+            self._frame(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=self._index,
+                name=item["name"],
+                arguments=arguments,
+            )
+        )
         return frames + self._close()
 
     def _close(self) -> list[str]:
@@ -173,18 +261,44 @@ class ResponsesEncoder:
         frames = []
         if item["type"] == "message":
             part = item["content"][0]
-            frames += [self._frame("response.output_text.done", item_id=item["id"], output_index=self._index,
-                                   content_index=0, text=part["text"], logprobs=[]),
-                       self._frame("response.content_part.done", item_id=item["id"], output_index=self._index,
-                                   content_index=0, part=dict(part))]
+            frames += [
+                self._frame(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=self._index,
+                    content_index=0,
+                    text=part["text"],
+                    logprobs=[],
+                ),
+                self._frame(
+                    "response.content_part.done",
+                    item_id=item["id"],
+                    output_index=self._index,
+                    content_index=0,
+                    part=dict(part),
+                ),
+            ]
         elif item["type"] == "reasoning":
             text = item["summary"][0]["text"]
-            frames += [self._frame("response.reasoning_summary_text.done", item_id=item["id"],
-                                   output_index=self._index, summary_index=0, text=text),
-                       self._frame("response.reasoning_summary_part.done", item_id=item["id"],
-                                   output_index=self._index, summary_index=0,
-                                   part={"type": "summary_text", "text": text})]
-        return frames + [self._frame("response.output_item.done", output_index=self._index, item=_snapshot(item))]
+            frames += [
+                self._frame(
+                    "response.reasoning_summary_text.done",
+                    item_id=item["id"],
+                    output_index=self._index,
+                    summary_index=0,
+                    text=text,
+                ),
+                self._frame(
+                    "response.reasoning_summary_part.done",
+                    item_id=item["id"],
+                    output_index=self._index,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": text},
+                ),
+            ]
+        return frames + [
+            self._frame("response.output_item.done", output_index=self._index, item=_snapshot(item))
+        ]
 
     def _frame(self, event_type: str, **payload: Any) -> str:
         frame = event_frame(event_type, {"type": event_type, "sequence_number": self._sequence, **payload})

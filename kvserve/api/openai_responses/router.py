@@ -28,9 +28,16 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.response_store
 
 
-@router.post("/v1/responses", response_model=None,
-             openapi_extra={"requestBody": {"content": {"application/json": {
-                 "schema": ResponsesRequest.model_json_schema()}}, "required": True}})
+@router.post(
+    "/v1/responses",
+    response_model=None,
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": ResponsesRequest.model_json_schema()}},
+            "required": True,
+        }
+    },
+)
 async def responses(request: Request) -> Response:
     wire = await read_model(request, ResponsesRequest)
     chat = to_chat_request(wire, await _previous(request, wire.previous_response_id))
@@ -59,14 +66,18 @@ async def responses(request: Request) -> Response:
 async def get_response(response_id: str, request: Request) -> dict[str, Any]:
     stored = await run_in_threadpool(_store(request).lookup, response_id)
     if stored is None:
-        raise ApiError(404, f"No response found with id '{response_id}'.", param="response_id", code="not_found")
+        raise ApiError(
+            404, f"No response found with id '{response_id}'.", param="response_id", code="not_found"
+        )
     return stored.response
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
     if not await run_in_threadpool(_store(request).delete, response_id):
-        raise ApiError(404, f"No response found with id '{response_id}'.", param="response_id", code="not_found")
+        raise ApiError(
+            404, f"No response found with id '{response_id}'.", param="response_id", code="not_found"
+        )
     return {"id": response_id, "object": "response", "deleted": True}
 
 
@@ -75,13 +86,22 @@ async def _previous(request: Request, response_id: str | None) -> tuple[Message,
         return ()
     stored = await run_in_threadpool(_store(request).lookup, response_id)
     if stored is None:
-        raise ApiError(400, f"Previous response with id '{response_id}' not found.",
-                       param="previous_response_id", code="previous_response_not_found")
+        raise ApiError(
+            400,
+            f"Previous response with id '{response_id}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
     return stored.messages
 
 
-async def _stream_then_store(request: Request, encoder: ResponsesEncoder, events: AsyncIterator[Any],
-                             history: tuple[Message, ...], store: bool) -> AsyncIterator[str]:
+async def _stream_then_store(
+    request: Request,
+    encoder: ResponsesEncoder,
+    events: AsyncIterator[Any],
+    history: tuple[Message, ...],
+    store: bool,
+) -> AsyncIterator[str]:
     async for frame in encode_stream(encoder, events):
         yield frame
     if store and encoder.status in ("completed", "incomplete"):
@@ -95,11 +115,14 @@ async def _save(request: Request, encoder: ResponsesEncoder, history: tuple[Mess
 
 def _echo(wire: ResponsesRequest) -> dict[str, Any]:
     return {
-        "instructions": wire.instructions, "max_output_tokens": wire.max_output_tokens,
+        "instructions": wire.instructions,
+        "max_output_tokens": wire.max_output_tokens,
         "parallel_tool_calls": wire.parallel_tool_calls if wire.parallel_tool_calls is not None else True,
         "previous_response_id": wire.previous_response_id,
-        "reasoning": {"effort": wire.reasoning.effort if wire.reasoning else None,
-                      "summary": wire.reasoning.summary if wire.reasoning else None},
+        "reasoning": {
+            "effort": wire.reasoning.effort if wire.reasoning else None,
+            "summary": wire.reasoning.summary if wire.reasoning else None,
+        },
         "store": wire.store is not False,
         "temperature": wire.temperature if wire.temperature is not None else 1.0,
         "top_p": wire.top_p if wire.top_p is not None else 1.0,

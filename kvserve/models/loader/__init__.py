@@ -18,14 +18,14 @@ from tqdm import tqdm
 from kvserve.models import registry
 from kvserve.models.aliases import alias_names, resolve_alias
 from kvserve.models.config import ModelArchConfig, arch_config_from_hf
-from kvserve.models.fingerprint import model_fingerprint
-from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.errors import (
     CorruptModelFileError,
     ModelLoadError,
     ModelNotFoundError,
     UnsupportedModelError,
 )
+from kvserve.models.fingerprint import model_fingerprint
+from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.gguf import hf_config_from_gguf, iter_hf_tensors, read_gguf
 from kvserve.models.loader.safetensors import WeightLoadError, iter_safetensors, load_state_dict_into
 from kvserve.models.loader.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
@@ -59,9 +59,11 @@ def load_model(
         gguf = read_gguf(path)
         hf_config = hf_config_from_gguf(gguf)
         arch = _arch_config(path, hf_config)
+        tokenizer = load_gguf_tokenizer(
+            path, gguf.metadata
+        )  # before the weights: fail fast on a bad vocabulary
         model = _build(path, arch, dtype, device)
         _load_weights(path, model, iter_hf_tensors(gguf, hf_config, dtype, progress=progress))
-        tokenizer = load_gguf_tokenizer(path, gguf.metadata)
     return _loaded(path, model, arch, tokenizer, dtype)
 
 
@@ -80,7 +82,9 @@ def resolve_model_path(spec: str | Path) -> Path:
     return path
 
 
-def _loaded(path: Path, model: nn.Module, arch: ModelArchConfig, tokenizer: TokenizerInfo, dtype: torch.dtype) -> LoadedModel:
+def _loaded(
+    path: Path, model: nn.Module, arch: ModelArchConfig, tokenizer: TokenizerInfo, dtype: torch.dtype
+) -> LoadedModel:
     return LoadedModel(
         model=model,
         arch=arch,
@@ -106,7 +110,9 @@ def _arch_config(path: Path, hf_config: dict) -> ModelArchConfig:
     try:
         return arch_config_from_hf(hf_config)
     except (KeyError, TypeError, ValueError) as error:
-        raise CorruptModelFileError(path, f"incomplete model config ({type(error).__name__}: {error})") from None
+        raise CorruptModelFileError(
+            path, f"incomplete model config ({type(error).__name__}: {error})"
+        ) from None
 
 
 def _build(path: Path, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str) -> nn.Module:

@@ -22,7 +22,14 @@ from kvserve.models.errors import CorruptModelFileError, UnsupportedModelError
 from kvserve.models.loader.gguf_config import hf_config_from_gguf
 from kvserve.models.loader.gguf_reader import GGUFFile, GGUFTensorInfo, read_gguf
 
-__all__ = ["SUPPORTED_TYPES", "dequantize", "hf_config_from_gguf", "hf_tensor_name", "iter_hf_tensors", "read_gguf"]
+__all__ = [
+    "SUPPORTED_TYPES",
+    "dequantize",
+    "hf_config_from_gguf",
+    "hf_tensor_name",
+    "iter_hf_tensors",
+    "read_gguf",
+]
 
 SUPPORTED_TYPES = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
@@ -103,7 +110,9 @@ def _load_plan(gguf: GGUFFile) -> list[tuple[GGUFTensorInfo, str]]:
         try:
             hf_name = hf_tensor_name(info.name, gguf.architecture)
         except KeyError:
-            raise UnsupportedModelError(gguf.path, f"unknown tensor {info.name!r} for {gguf.architecture}") from None
+            raise UnsupportedModelError(
+                gguf.path, f"unknown tensor {info.name!r} for {gguf.architecture}"
+            ) from None
         if hf_name is None:
             continue
         if info.ggml_type not in SUPPORTED_TYPES:
@@ -116,10 +125,14 @@ def _load_plan(gguf: GGUFFile) -> list[tuple[GGUFTensorInfo, str]]:
     return plan
 
 
-def _undo_conversion(weights: torch.Tensor, gguf_name: str, architecture: str, config: dict[str, Any]) -> torch.Tensor:
+def _undo_conversion(
+    weights: torch.Tensor, gguf_name: str, architecture: str, config: dict[str, Any]
+) -> torch.Tensor:
     if architecture == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
         is_query = ".attn_q." in gguf_name
-        return _unpermute_rope_rows(weights, config["num_attention_heads" if is_query else "num_key_value_heads"])
+        return _unpermute_rope_rows(
+            weights, config["num_attention_heads" if is_query else "num_key_value_heads"]
+        )
     if architecture == "gemma3" and gguf_name.endswith("norm.weight"):
         return weights - 1.0  # llama.cpp folds Gemma's (1 + w) RMSNorm scale into the stored weight
     return weights

@@ -33,7 +33,9 @@ def hf_config_from_gguf(gguf: GGUFFile) -> dict[str, Any]:
     """The config.json an HF checkpoint of the same model would have."""
     arch = gguf.architecture
     if arch not in HF_MODEL_TYPES:
-        raise UnsupportedModelError(gguf.path, f"architecture {arch!r} is not supported (have: {sorted(HF_MODEL_TYPES)})")
+        raise UnsupportedModelError(
+            gguf.path, f"architecture {arch!r} is not supported (have: {sorted(HF_MODEL_TYPES)})"
+        )
     meta = gguf.metadata
 
     def key(name: str, default: Any = ...) -> Any:
@@ -55,7 +57,9 @@ def hf_config_from_gguf(gguf: GGUFFile) -> dict[str, Any]:
         "intermediate_size": int(key("feed_forward_length")),
         "num_hidden_layers": int(key("block_count")),
         "num_attention_heads": num_heads,
-        "num_key_value_heads": _uniform(gguf, "attention.head_count_kv", key("attention.head_count_kv", num_heads)),
+        "num_key_value_heads": _uniform(
+            gguf, "attention.head_count_kv", key("attention.head_count_kv", num_heads)
+        ),
         "head_dim": head_dim or hidden_size // num_heads,
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
         "rope_theta": float(key("rope.freq_base", 10_000.0)),
@@ -80,7 +84,8 @@ def _gemma3_extras(config: dict[str, Any], sliding_window: int) -> dict[str, Any
     else:
         query_pre_attn_scalar = config["head_dim"]
     layer_types = [
-        "full_attention" if (i + 1) % _GEMMA3_SLIDING_PATTERN == 0 else "sliding_attention" for i in range(num_layers)
+        "full_attention" if (i + 1) % _GEMMA3_SLIDING_PATTERN == 0 else "sliding_attention"
+        for i in range(num_layers)
     ]
     return {
         "hidden_act": "gelu_pytorch_tanh",

@@ -169,7 +169,9 @@ def _tensor_info(
     block_elements, block_bytes = GGML_QUANT_SIZES[ggml_type]
     num_elements = prod(shape)
     if shape and shape[-1] % block_elements:
-        raise CorruptModelFileError(path, f"tensor {name!r} row of {shape[-1]} is not a multiple of {block_elements}")
+        raise CorruptModelFileError(
+            path, f"tensor {name!r} row of {shape[-1]} is not a multiple of {block_elements}"
+        )
     nbytes = num_elements // block_elements * block_bytes
     start = data_start + offset
     if start + nbytes > file_size:

@@ -17,19 +17,32 @@ from typing import Any
 import transformers
 from transformers import AutoTokenizer
 
-from kvserve.models.loaded import TokenizerInfo
 from kvserve.models.errors import CorruptModelFileError
+from kvserve.models.loaded import TokenizerInfo
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvserve" / "tokenizers"
 # Tokens that end an assistant turn in the chat formats we know (ChatML, Gemma, Llama 3).
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
-_GGUF_STOP_ID_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+END_OF_TURN_TOKENS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+)
+_GGUF_STOP_ID_KEYS = (
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.eot_token_id",
+    "tokenizer.ggml.eom_token_id",
+)
 
 
 def load_gguf_tokenizer(
     path: Path, metadata: dict[str, Any], *, cache_dir: Path | None = None
 ) -> TokenizerInfo:
     """`metadata` is the file's parsed header (see gguf_reader.read_gguf)."""
+    if "tokenizer.ggml.tokens" not in metadata:
+        raise CorruptModelFileError(path, "no tokenizer in the GGUF metadata (tokenizer.ggml.tokens)")
     tokenizer = _cached_gguf_tokenizer(path, cache_dir or DEFAULT_CACHE_DIR)
     extra_stop_ids = [int(metadata[k]) for k in _GGUF_STOP_ID_KEYS if k in metadata]
     template = metadata.get("tokenizer.chat_template") or tokenizer.chat_template
@@ -73,7 +86,9 @@ def _cached_gguf_tokenizer(path: Path, cache_dir: Path) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError) as error:
-        raise CorruptModelFileError(path, f"cannot convert the GGUF tokenizer ({_first_line(error)})") from None
+        raise CorruptModelFileError(
+            path, f"cannot convert the GGUF tokenizer ({_first_line(error)})"
+        ) from None
     cache_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=cache_dir, prefix=".staging-"))
     tokenizer.save_pretrained(str(staging))
