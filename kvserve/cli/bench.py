@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--prefill-lens", default="512,2048", help="comma-separated prompt lengths")
     e.add_argument("--concurrency", default="1,4,16", help="comma-separated stream counts for decode")
     e.add_argument("--decode-tokens", type=int, default=128)
-    e.add_argument("--repeats", type=int, default=2, help="best of N for prefill")
+    e.add_argument("--repeats", type=int, default=3, help="best of N runs for every figure")
     e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     e.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads for both engines")
     e.add_argument("--json", type=Path, default=None, help="also write the results here")

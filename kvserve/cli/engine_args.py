@@ -53,7 +53,10 @@ def build_engine(config: EngineConfig, progress: bool = True) -> EngineCore:
 
     from kvserve.models.loader import ModelLoadError, load_model
 
-    config = resolve(config)
+    try:
+        config = resolve(config)
+    except ValueError as error:  # inconsistent flags
+        sys.exit(f"kvserve: {error}")
     torch.manual_seed(config.seed)
     try:
         loaded = load_model(config.model, config.torch_dtype, config.device, progress=progress)

@@ -14,7 +14,7 @@ from kvserve.engine.request import Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
-from kvserve.models.layers.quant import DEFAULT_MAX_QUANT_ROWS, apply_weight_quant
+from kvserve.models.layers.quant import MAX_QUANT_ROWS, apply_weight_quant
 from kvserve.models.loaded import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ class EngineCore:
         self.device = torch.device(config.device)
         self.max_model_len = _resolve_max_model_len(config, loaded)
         if apply_weight_quant(loaded.model, config.weight_quant):
-            logger.info("weight-only %s for batches of <= %d tokens", config.weight_quant, DEFAULT_MAX_QUANT_ROWS)
+            logger.info("weight-only %s for batches of <= %d tokens", config.weight_quant,
+                        MAX_QUANT_ROWS[config.weight_quant])
         block_size = config.cache.block_size
         self.num_blocks = _resolve_num_blocks(config, loaded, self.max_model_len)
         # KV computed with quantized weights differs from dense KV: never share blocks between them.

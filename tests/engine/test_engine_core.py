@@ -124,3 +124,19 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_llama_dir: Path) ->
     others = [_prompt(25, 6 + i) for i in range(3)]
     mixed, _ = _run(make_engine(tiny_llama_dir), [*others, prompt], params)
     assert mixed[-1] == alone[0]
+
+
+def test_logprobs_flow_through_the_engine(engine: EngineCore, hf_tiny_llama) -> None:
+    prompt = _prompt(12, 21)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)
+    request = engine.make_request("lp", prompt, params)
+    outputs = engine.generate([request])["lp"]
+    logprobs = [lp for o in outputs for lp in o.new_logprobs]
+    tokens = [t for o in outputs for t in o.new_token_ids]
+    assert [lp.token_id for lp in logprobs] == tokens
+    with torch.no_grad():
+        want = torch.log_softmax(hf_tiny_llama(torch.tensor([prompt + tokens])).logits[0].float(), -1)
+    for i, lp in enumerate(logprobs):
+        row = want[len(prompt) - 1 + i]
+        assert abs(lp.logprob - row[lp.token_id].item()) < 1e-4
+        assert [t for t, _ in lp.top] == row.topk(2).indices.tolist()  # greedy: the best is sampled

@@ -20,19 +20,20 @@ from torch import nn
 
 WeightQuant = Literal["none", "int8", "int4"]
 INT4_GROUP_SIZE = 32
-# Rows (tokens) up to which the low-bit kernel beats dense bf16 here; above it the GEMM is compute bound.
-DEFAULT_MAX_QUANT_ROWS = 16
+# Rows (tokens) up to which each low-bit kernel beats dense bf16 here (measured on the SmolLM2
+# shapes with weights streamed from DRAM); above it the GEMM is compute bound and dense wins.
+MAX_QUANT_ROWS = {"int8": 4, "int4": 16}
 
 
 class WeightOnlyLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: WeightQuant,
-                 max_quant_rows: int = DEFAULT_MAX_QUANT_ROWS) -> None:
+                 max_quant_rows: int | None = None) -> None:
         super().__init__()
         assert weight.dtype == torch.bfloat16 and weight.device.type == "cpu", "CPU bf16 only"
         self.weight = weight  # [out, in] dense, for prefill-sized batches
         self.bias = bias
         self.scheme = scheme
-        self.max_quant_rows = max_quant_rows
+        self.max_quant_rows = MAX_QUANT_ROWS[scheme] if max_quant_rows is None else max_quant_rows
         if scheme == "int8":
             self.qweight, self.scales = quantize_int8(weight)
         else:
