@@ -39,7 +39,8 @@ def stream_tokens(engine, token_ids: list[int], params) -> str:  # noqa: ANN001 
     start, first, pieces = time.perf_counter(), None, []
     while engine.has_unfinished_requests():
         for output in engine.step():
-            first = first or time.perf_counter()
+            if output.new_token_ids and first is None:
+                first = time.perf_counter()
             pieces.append(detok.push(output.new_token_ids))
             print(pieces[-1], end="", flush=True)
     pieces.append(detok.flush())

@@ -9,7 +9,7 @@ import torch
 
 from kvserve.config import EngineConfig, resolve
 from kvserve.engine.kv_cache.manager import KVCacheManager
-from kvserve.engine.outputs import EngineOutput, RunnerOutput
+from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
 from kvserve.engine.request import Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
@@ -94,7 +94,7 @@ class EngineCore:
         )
         outputs = self.scheduler.update(scheduler_output, runner_output)
         self.runner.release([o.request_id for o in outputs if o.finished])
-        return outputs
+        return outputs + _prefill_progress(scheduler_output, outputs)
 
     def generate(self, requests: list[Request]) -> dict[str, list[EngineOutput]]:
         """Run `requests` to completion (offline use: CLI, benchmarks, tests)."""
@@ -105,6 +105,23 @@ class EngineCore:
             for output in self.step():
                 results[output.request_id].append(output)
         return results
+
+
+def _prefill_progress(scheduler_output: SchedulerOutput, outputs: list[EngineOutput]) -> list[EngineOutput]:
+    """A token-less output for each request whose prompt is still prefilling in chunks, so
+    callers can report progress (and send keepalives) during a long prefill."""
+    reported = {o.request_id for o in outputs}
+    return [
+        EngineOutput(
+            request_id=s.request.request_id,
+            new_token_ids=(),
+            num_prompt_tokens=s.request.num_prompt_tokens,
+            num_cached_tokens=max(s.request.num_cached_tokens, 0),
+            num_computed_tokens=s.request.num_computed_tokens,
+        )
+        for s in scheduler_output.scheduled
+        if s.request.request_id not in reported and not s.request.is_finished and not s.request.output_token_ids
+    ]
 
 
 def _resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> int:

@@ -65,6 +65,7 @@ class EngineOutput:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    num_computed_tokens: int = 0  # prompt tokens prefilled so far; set on prefill-progress outputs
 
     @property
     def finished(self) -> bool:

@@ -140,3 +140,12 @@ def test_logprobs_flow_through_the_engine(engine: EngineCore, hf_tiny_llama) -> 
         row = want[len(prompt) - 1 + i]
         assert abs(lp.logprob - row[lp.token_id].item()) < 1e-4
         assert [t for t, _ in lp.top] == row.topk(2).indices.tolist()  # greedy: the best is sampled
+
+
+def test_chunked_prefill_reports_progress(tiny_llama_dir: Path) -> None:
+    engine = make_engine(tiny_llama_dir, max_num_batched_tokens=64)
+    request = engine.make_request("p", _prompt(200, 31), SamplingParams(temperature=0.0, max_tokens=2))
+    outputs = engine.generate([request])["p"]
+    progress = [o.num_computed_tokens for o in outputs if not o.new_token_ids and not o.finished]
+    assert progress == [64, 128, 192]  # one per chunk before the last, which samples
+    assert sum(len(o.new_token_ids) for o in outputs) == 2
