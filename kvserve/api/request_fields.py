@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import uuid
 from typing import Any
 
@@ -10,6 +12,9 @@ from kvserve.api.errors import ApiError
 from kvserve.chat.conversation import ImagePart, ReasoningControl
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# The engine returns at most this many alternatives per token (OpenAI's limit too).
+MAX_TOP_LOGPROBS = 20
+_TOKEN_ID = re.compile(r"-?[0-9]{1,20}")
 
 
 def new_id(prefix: str) -> str:
@@ -26,6 +31,24 @@ def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
 def max_tokens(value: int | None, param: str) -> int | None:
     if value is not None and value < 0:
         raise ApiError(400, f"{param} must be >= 0", param=param)
+    return value
+
+
+def logit_bias(value: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `{"token id": bias}`; ids are checked against the vocabulary by ChatService."""
+    pairs = []
+    for key, bias in (value or {}).items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise ApiError(400, f"logit_bias: keys must be token ids, got {key!r}", param="logit_bias")
+        if not math.isfinite(bias):
+            raise ApiError(400, "logit_bias: values must be finite numbers", param="logit_bias")
+        pairs.append((int(key), float(bias)))
+    return tuple(pairs)
+
+
+def top_logprobs(value: int | None, param: str) -> int | None:
+    if value is not None and not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"{param} must be in [0, {MAX_TOP_LOGPROBS}]", param=param)
     return value
 
 

@@ -110,6 +110,7 @@ class SamplingOptions:
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logprobs: int | None = None  # None: off; 0: sampled token only; k: plus the top k
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     ignore_eos: bool = False
 
 

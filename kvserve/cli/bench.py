@@ -60,6 +60,7 @@ def run_engine(args: argparse.Namespace) -> None:
     report = {
         "model": args.model,
         "dtype": engine.config.dtype,
+        "weight_quant": engine.config.weight_quant,
         "threads": args.threads,
         "machine": platform.processor() or platform.machine(),
         "kvserve": ours.to_json(),

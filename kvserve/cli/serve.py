@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from kvserve.engine.client import AsyncEngineClient
     from kvserve.engine.core import EngineCore
     from kvserve.serving.engine_stats import EngineStats
 
@@ -35,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="model id shown by /v1/models (default: the --model value's name)",
     )
-    g.add_argument("--max-body-mb", type=int, default=64, help="largest request body; bigger ones get 413")
+    g.add_argument(
+        "--max-body-mb", type=_positive_int, default=64, help="largest request body; bigger ones get 413"
+    )
     g.add_argument("--chdir", default=None, help="change to this directory before loading the model")
     g.add_argument(
         "--data-dir",
@@ -49,6 +55,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     import uvicorn
 
+    app, engine = build_app(args)
+    service = app.state.chat_service
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        logger.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
+    logger.info(
+        "kvserve: serving %s on http://%s:%d (ctx %d)",
+        service.model_name,
+        args.host,
+        args.port,
+        service.max_model_len,
+    )
+    try:
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
+        )  # kvserve.access logs each request, with its id
+    finally:
+        engine.shutdown()
+
+
+def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
+    """Everything `run` serves, from the flags: --chdir first, then the model, engine and app."""
     from kvserve.api.app import create_app
     from kvserve.api.settings import ApiSettings
     from kvserve.engine.client import AsyncEngineClient
@@ -56,7 +83,10 @@ def run(args: argparse.Namespace) -> None:
     from kvserve.serving.response_store import ResponseStore
 
     if args.chdir:
-        os.chdir(args.chdir)
+        try:
+            os.chdir(args.chdir)
+        except OSError as error:
+            sys.exit(f"kvserve: --chdir {args.chdir}: {error.strerror}")
     core = build_engine(engine_config_from_args(args))
     engine = AsyncEngineClient(core)
     model_name = args.served_model_name or Path(args.model).stem
@@ -69,17 +99,14 @@ def run(args: argparse.Namespace) -> None:
     )
     store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
     app = create_app(service, settings, response_store=store, engine_stats=lambda: _engine_stats(core))
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
-        logger.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
-    logger.info(
-        "kvserve: serving %s on http://%s:%d (ctx %d)", model_name, args.host, args.port, core.max_model_len
-    )
-    try:
-        uvicorn.run(
-            app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
-        )  # kvserve.access logs each request, with its id
-    finally:
-        engine.shutdown()
+    return app, engine
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _data_dir(flag: str | None) -> Path:

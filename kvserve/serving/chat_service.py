@@ -8,40 +8,33 @@ Two steps so the HTTP layer can answer mistakes before it commits to a stream:
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from kvserve.chat.conversation import ChatRequest, GenerationOptions, TextRequest
+from kvserve.chat.conversation import ChatRequest, GenerationOptions, SamplingOptions, TextRequest
 from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.render import ChatRenderer, ChatTemplateError
 from kvserve.chat.stop import StopMatcher
 from kvserve.serving.engine_protocol import (
     EngineClientProtocol,
-    EngineFinishReason,
     SamplingParams,
     SamplingParamsError,
     TokenizerLike,
 )
 from kvserve.serving.errors import ContextLengthExceededError, RequestError
-from kvserve.serving.events import (
-    Failed,
-    Finished,
-    FinishReason,
-    GenerationEvent,
-    PrefillProgress,
-    Usage,
-)
+from kvserve.serving.events import Failed, Finished, GenerationEvent, Usage
+from kvserve.serving.generation_run import GenerationRun
 from kvserve.serving.heartbeat import with_heartbeat
 from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter, TextSegmenter
+from kvserve.serving.prefill_progress import PrefillTracker
+from kvserve.serving.token_text import TokenTexts
 
 logger = logging.getLogger(__name__)
 
-_ENGINE_REASONS: dict[EngineFinishReason, FinishReason] = {
-    EngineFinishReason.STOP: "stop",
-    EngineFinishReason.LENGTH: "length",
-}
+# OpenAI's bound on a logit_bias value; seeds are int64 (the engine's RNG takes no more).
+MAX_LOGIT_BIAS = 100.0
+SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 # Issue 4's seam: given the chat request (tools offered? reasoning on?), the parser for the model's
@@ -93,6 +86,7 @@ class ChatService:
             if isinstance(getattr(hf, name, None), str)
         }
         self.renderer = ChatRenderer(tokenizer.chat_template, special)
+        self.token_texts = TokenTexts(hf)
 
     # -- prepare (sync; run it off the event loop for long prompts) ---------------------
 
@@ -141,14 +135,14 @@ class ChatService:
             raise ContextLengthExceededError(len(token_ids), self.max_model_len, param)
         room = self.max_model_len - len(token_ids)
         max_tokens = room if options.max_tokens is None else min(max(options.max_tokens, 0), room)
-        params = self._sampling_params(options, max_tokens) if max_tokens > 0 else None
+        params = self._sampling_params(options, max(max_tokens, 1))  # checked even if nothing runs
         # A fresh suffix keeps engine ids unique even when a client reuses its x-request-id.
         engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if request_id else uuid.uuid4().hex
-        return PreparedRequest(engine_id, token_ids, params, options.stop, chat)
+        return PreparedRequest(engine_id, token_ids, params if max_tokens > 0 else None, options.stop, chat)
 
-    @staticmethod
-    def _sampling_params(options: GenerationOptions, max_tokens: int) -> SamplingParams:
+    def _sampling_params(self, options: GenerationOptions, max_tokens: int) -> SamplingParams:
         s = options.sampling
+        self._check_sampling(s)
         fields = {
             "temperature": s.temperature,
             "top_p": s.top_p,
@@ -162,48 +156,47 @@ class ChatService:
         }
         given = {k: v for k, v in fields.items() if v is not None}
         try:
-            return SamplingParams(max_tokens=max_tokens, ignore_eos=s.ignore_eos, **given)
+            return SamplingParams(
+                max_tokens=max_tokens, ignore_eos=s.ignore_eos, logit_bias=s.logit_bias, **given
+            )
         except SamplingParamsError as error:
             # Its messages start with the field's name ("top_p must be in (0, 1]").
             raise RequestError(str(error), param=str(error).split(" ", 1)[0]) from error
+
+    def _check_sampling(self, s: SamplingOptions) -> None:
+        """What SamplingParams cannot know: the vocabulary, and the RNG's seed range."""
+        if s.seed is not None and not SEED_RANGE[0] <= s.seed <= SEED_RANGE[1]:
+            raise RequestError("seed must be a 64-bit signed integer", param="seed")
+        vocab_size = len(self.tokenizer.tokenizer) if s.logit_bias else 0
+        for token_id, bias in s.logit_bias:
+            if not 0 <= token_id < vocab_size:
+                raise RequestError(
+                    f"logit_bias: token id {token_id} is outside the vocabulary [0, {vocab_size})",
+                    param="logit_bias",
+                )
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise RequestError(
+                    f"logit_bias: values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+                    param="logit_bias",
+                )
 
     # -- generate --------------------------------------------------------------------
 
     async def generate(self, prepared: PreparedRequest) -> AsyncIterator[GenerationEvent]:
         """The event stream of one request. Closing it early aborts the engine request."""
-        num_prompt = prepared.num_prompt_tokens
-        if prepared.params is None:
-            yield Usage(num_prompt, 0, 0)
-            yield Usage(num_prompt, 0, 0)
-            yield Finished("length")
+        if prepared.params is None:  # max_tokens 0: nothing to run
+            usage = Usage(prepared.num_prompt_tokens, 0, 0)
+            for event in (usage, usage, Finished("length")):
+                yield event
             return
-        pipeline = OutputPipeline(
-            IncrementalDetokenizer(self.tokenizer.tokenizer, prepared.prompt_token_ids),
-            StopMatcher(prepared.stop),
-            PlainTextSegmenter() if prepared.chat is None else self.segmenter_factory(prepared.chat),
-        )
+        run = self._new_run(prepared)
         outputs = self.engine.generate(prepared.request_id, prepared.prompt_token_ids, prepared.params)
         beats = with_heartbeat(outputs, self.keepalive_s)
-        started, num_output, num_cached = time.monotonic(), 0, 0
-        engine_reason: FinishReason | None = None
-        first = True
         try:
             async for output in beats:
-                if output is None:
-                    yield PrefillProgress(num_prompt, time.monotonic() - started)
-                    continue
-                if first:
-                    first, num_cached = False, output.num_cached_tokens
-                    yield Usage(num_prompt, 0, num_cached)
-                num_output += len(output.new_token_ids)
-                step = pipeline.push(output.new_token_ids)
-                for event in step.events:
+                for event in run.tick() if output is None else run.push(output):
                     yield event
-                if step.stopped:
-                    engine_reason = "stop"
-                    break
-                if output.finish_reason is not None:
-                    engine_reason = _ENGINE_REASONS.get(output.finish_reason)
+                if run.is_done:
                     break
         except Exception as error:  # noqa: BLE001 - the engine boundary: a failure ends this stream only
             logger.exception("request %s failed in the engine", prepared.request_id)
@@ -212,13 +205,20 @@ class ChatService:
         finally:
             await _aclose(beats)
             await _aclose(outputs)
-        if engine_reason is None:  # aborted or the stream ended without a finish
-            yield Failed("generation was aborted")
-            return
-        for event in pipeline.finish():
+        for event in run.finish():
             yield event
-        yield Usage(num_prompt, num_output, num_cached)
-        yield Finished(pipeline.finish_reason(engine_reason), pipeline.matched_stop)
+
+    def _new_run(self, prepared: PreparedRequest) -> GenerationRun:
+        assert prepared.params is not None
+        pipeline = OutputPipeline(
+            IncrementalDetokenizer(self.tokenizer.tokenizer, prepared.prompt_token_ids),
+            StopMatcher(prepared.stop),
+            PlainTextSegmenter() if prepared.chat is None else self.segmenter_factory(prepared.chat),
+        )
+        prefill = PrefillTracker(prepared.request_id, prepared.num_prompt_tokens)
+        wants_logprobs = prepared.params.logprobs is not None
+        token_texts = self.token_texts if wants_logprobs else None
+        return GenerationRun(pipeline, prefill, token_texts, self.tokenizer.eos_token_ids)
 
 
 async def _aclose(iterator: AsyncIterator[object]) -> None:

@@ -11,12 +11,14 @@ from typing import Any, Protocol
 
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import FinishReason as EngineFinishReason
+from kvserve.engine.request import Logprob
 from kvserve.engine.sampling_params import SamplingParams, SamplingParamsError
 
 __all__ = [
     "EngineClientProtocol",
     "EngineFinishReason",
     "EngineOutput",
+    "Logprob",
     "SamplingParams",
     "SamplingParamsError",
     "TokenizerLike",

@@ -2,8 +2,9 @@
 
 Order of a stream: zero or more PrefillProgress while the prompt prefills; a first Usage
 (completion_tokens=0) once prefill is done, so encoders that announce cache numbers up
-front (Anthropic message_start) can; content events; a final Usage; then exactly one
-terminal event, Finished or Failed.
+front (Anthropic message_start) can; content events (with Logprobs, when asked, before the
+text of the tokens they describe); a final Usage; then exactly one terminal event,
+Finished or Failed.
 """
 
 from __future__ import annotations
@@ -77,10 +78,39 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class PrefillProgress:
-    """Heartbeat while the prompt prefills (SSE keepalive); counts are best effort."""
+    """Sent once per keepalive interval while the prompt prefills (encoders write an SSE keepalive).
+
+    Counts are the engine's latest report; `num_computed_tokens` includes the cached prefix.
+    """
 
     num_prompt_tokens: int
+    num_computed_tokens: int
+    num_cached_tokens: int
     elapsed_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Prefill speed over the tokens actually computed (cache hits excluded)."""
+        computed = self.num_computed_tokens - self.num_cached_tokens
+        return computed / self.elapsed_s if self.elapsed_s > 0 and computed > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's logprob, its text and exact UTF-8 bytes (a token may hold part of a
+    character), and, for a sampled token, the most likely alternatives (best first)."""
+
+    token: str
+    token_bytes: tuple[int, ...]
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Logprobs:
+    """Logprobs of newly sampled tokens, in order (only when the request asked for them)."""
+
+    tokens: tuple[TokenLogprob, ...]
 
 
 GenerationEvent = (
@@ -93,4 +123,5 @@ GenerationEvent = (
     | Finished
     | Failed
     | PrefillProgress
+    | Logprobs
 )

@@ -1,4 +1,4 @@
-"""Interleave an async iterator with heartbeats while it is silent (e.g. a long prefill)."""
+"""Interleave an async iterator with heartbeats on a fixed cadence (keepalives during a long prefill)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,28 @@ T = TypeVar("T")
 
 
 async def with_heartbeat(source: AsyncIterator[T], interval_s: float) -> AsyncIterator[T | None]:
-    """Yield the items of `source`, and None after every `interval_s` without one.
+    """Yield the items of `source`, and a None every `interval_s` of wall time.
 
+    Items do not reset the cadence: a source that reports progress every second still gets
+    exactly one beat per interval, never a burst and never a gap of twice the interval.
     The pending `__anext__` is never cancelled on a timeout (that would abort the engine
     request); it is cancelled only when our consumer goes away, which is meant to abort.
     """
+    loop = asyncio.get_running_loop()
+    next_beat = loop.time() + interval_s
     pending: asyncio.Future[T] | None = None
     try:
         while True:
             if pending is None:
                 pending = asyncio.ensure_future(source.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
-            if not done:
+            timeout = next_beat - loop.time()
+            if timeout <= 0:
+                next_beat = loop.time() + interval_s
                 yield None
                 continue
+            done, _ = await asyncio.wait({pending}, timeout=timeout)
+            if not done:
+                continue  # the beat is due: the next turn yields it
             future, pending = pending, None
             try:
                 item = future.result()

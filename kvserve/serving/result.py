@@ -10,8 +10,10 @@ from kvserve.serving.events import (
     Finished,
     FinishReason,
     GenerationEvent,
+    Logprobs,
     ReasoningDelta,
     TextDelta,
+    TokenLogprob,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
@@ -35,6 +37,7 @@ class GenerationResult:
     finish_reason: FinishReason = "stop"
     stop_sequence: str | None = None
     error: str | None = None  # set when the stream ended with Failed
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # empty unless the request asked
 
     def add(self, event: GenerationEvent) -> None:
         match event:
@@ -54,6 +57,8 @@ class GenerationResult:
                 self.finish_reason, self.stop_sequence = reason, stop_sequence
             case Failed(error):
                 self.error = error
+            case Logprobs(tokens):
+                self.logprobs.extend(tokens)
 
 
 async def collect(events: AsyncIterator[GenerationEvent]) -> GenerationResult:

@@ -2,7 +2,9 @@
 
 `FakeEngine` satisfies `EngineClientProtocol`: it streams a scripted reply one token per
 output, honours max_tokens/EOS like the scheduler, reports a block-aligned prefix-cache
-hit against earlier prompts, and records running and aborted requests.
+hit against earlier prompts, and records running and aborted requests. Optionally it
+reports prefill chunks as token-less progress outputs (as EngineCore does) and scripted
+logprobs: token i has logprob -(i+1)/10, and its k alternatives are itself and the next bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from kvserve.engine.outputs import EngineOutput
-from kvserve.engine.request import FinishReason
+from kvserve.engine.request import FinishReason, Logprob
 from kvserve.engine.sampling_params import SamplingParams
 
 SPECIAL_TOKENS = {"<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258}
@@ -71,6 +73,12 @@ def reply(text: str, eos: bool = True) -> list[int]:
     return ByteTokenizer().encode(text) + ([EOS_ID] if eos else [])
 
 
+def scripted_logprob(index: int, token_id: int, k: int) -> Logprob:
+    value = -(index + 1) / 10
+    top = tuple((token_id if j == 0 else (token_id + j) % 256, value - j) for j in range(k))
+    return Logprob(token_id, value, top)
+
+
 Script = list[int] | Callable[[list[int]], list[int]]
 
 
@@ -81,10 +89,14 @@ class FakeEngine:
         token_delay_s: float = 0.0,
         prefill_delay_s: float = 0.0,
         fail_after: int | None = None,
+        num_prefill_chunks: int = 0,
+        chunk_delay_s: float = 0.0,
     ):
         self.script = script
         self.token_delay_s = token_delay_s
         self.prefill_delay_s = prefill_delay_s
+        self.num_prefill_chunks = num_prefill_chunks  # progress outputs before the first token
+        self.chunk_delay_s = chunk_delay_s
         self.fail_after = fail_after  # raise after this many tokens (an engine failure mid-stream)
         self.running: set[str] = set()
         self.aborted: list[str] = []
@@ -104,6 +116,15 @@ class FakeEngine:
         finished = False
         try:
             await asyncio.sleep(self.prefill_delay_s)
+            for computed in self._chunk_ends(len(prompt_token_ids), cached):
+                await asyncio.sleep(self.chunk_delay_s)
+                yield EngineOutput(
+                    request_id,
+                    (),
+                    num_prompt_tokens=len(prompt_token_ids),
+                    num_cached_tokens=cached,
+                    num_computed_tokens=computed,
+                )
             for i, token_id in enumerate(tokens[: params.max_tokens]):
                 if self.fail_after is not None and i >= self.fail_after:
                     raise RuntimeError("engine exploded")
@@ -115,6 +136,7 @@ class FakeEngine:
                 yield EngineOutput(
                     request_id,
                     (token_id,),
+                    new_logprobs=self._logprobs(i, token_id, params),
                     finish_reason=reason,
                     num_prompt_tokens=len(prompt_token_ids),
                     num_cached_tokens=cached,
@@ -135,6 +157,15 @@ class FakeEngine:
             self._history.append(list(prompt_token_ids) + generated)
             if not finished:
                 self.aborted.append(request_id)
+
+    @staticmethod
+    def _logprobs(index: int, token_id: int, params: SamplingParams) -> tuple[Logprob, ...]:
+        return () if params.logprobs is None else (scripted_logprob(index, token_id, params.logprobs),)
+
+    def _chunk_ends(self, num_prompt: int, cached: int) -> list[int]:
+        """Computed-token counts after each chunk but the last (which samples), like EngineCore."""
+        n = self.num_prefill_chunks
+        return [cached + (num_prompt - cached) * i // (n + 1) for i in range(1, n + 1)]
 
     @staticmethod
     def _finish_reason(token_id: int, params: SamplingParams, is_last: bool, n: int) -> FinishReason | None:

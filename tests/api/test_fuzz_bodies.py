@@ -54,6 +54,13 @@ FIELDS = [
     "previous_response_id",
     "output_config",
     "ignore_eos",
+    "logit_bias",
+    "top_logprobs",
+    "max_completion_tokens",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
 ]
 
 _scalars = (
@@ -87,6 +94,8 @@ json_values = st.recursive(
                     "image_url",
                     "url",
                     "source",
+                    "0",  # logit_bias keys: a token id, and one outside every vocabulary
+                    "9999999",
                 ]
             )
             | st.text(max_size=5),

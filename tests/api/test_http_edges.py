@@ -108,7 +108,11 @@ async def test_models_health_head_and_tokenize(harness: Harness) -> None:
     }
     _assert_error_shape("/detokenize", await harness.http.post("/detokenize", json={"tokens": [10**9]}), 400)
     _assert_error_shape("/detokenize", await harness.http.post("/detokenize", json={"tokens": ["a"]}), 400)
-    assert (await harness.http.get("/openapi.json")).status_code == 200
+    openapi = (await harness.http.get("/openapi.json")).json()
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
+        assert "requestBody" in openapi["paths"][path]["post"], path
+    docs = await harness.http.get("/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower() and "/openapi.json" in docs.text
 
 
 async def test_api_key_is_checked_on_every_route_but_health() -> None:

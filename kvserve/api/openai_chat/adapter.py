@@ -6,14 +6,17 @@ import time
 from typing import Any
 
 from kvserve.api.errors import ApiError
+from kvserve.api.logprobs_json import token_logprob_json
 from kvserve.api.openai_chat.schema import ChatCompletionRequest, ChatMessage, ContentPart
 from kvserve.api.request_fields import (
     arguments_text,
     image_part,
+    logit_bias,
     max_tokens,
     new_id,
     reasoning_from_effort,
     stop_list,
+    top_logprobs,
 )
 from kvserve.api.sse import DONE, KEEPALIVE, data_frame
 from kvserve.chat.conversation import (
@@ -35,9 +38,11 @@ from kvserve.serving.events import (
     Failed,
     Finished,
     GenerationEvent,
+    Logprobs,
     PrefillProgress,
     ReasoningDelta,
     TextDelta,
+    TokenLogprob,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
@@ -64,7 +69,6 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
     if not wire.messages:
         raise ApiError(400, "messages must not be empty", param="messages")
     limit = wire.max_completion_tokens if wire.max_completion_tokens is not None else wire.max_tokens
-    logprobs = (wire.top_logprobs or 0) if wire.logprobs else None
     options = GenerationOptions(
         sampling=SamplingOptions(
             temperature=wire.temperature,
@@ -75,7 +79,8 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
             presence_penalty=wire.presence_penalty,
             frequency_penalty=wire.frequency_penalty,
             repetition_penalty=wire.repetition_penalty,
-            logprobs=logprobs,
+            logprobs=_logprobs(wire),
+            logit_bias=logit_bias(wire.logit_bias),
             ignore_eos=wire.ignore_eos,
         ),
         stop=stop_list(wire.stop),
@@ -97,6 +102,16 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
         reasoning=reasoning_from_effort(wire.reasoning_effort),
         response_format=wire.response_format,
     )
+
+
+def _logprobs(wire: ChatCompletionRequest) -> int | None:
+    """`logprobs: true` turns them on; `top_logprobs` (0-20) adds alternatives and needs it."""
+    k = top_logprobs(wire.top_logprobs, "top_logprobs")
+    if not wire.logprobs:
+        if k:
+            raise ApiError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+        return None
+    return k or 0
 
 
 def tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
@@ -167,7 +182,14 @@ def tool_call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": f"call_{call_id}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def to_response(result: GenerationResult, completion_id: str, model: str) -> dict[str, Any]:
+def logprobs_json(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    """`choices[].logprobs` of Chat Completions."""
+    return {"content": [token_logprob_json(t) for t in tokens], "refusal": None}
+
+
+def to_response(
+    result: GenerationResult, completion_id: str, model: str, logprobs: bool = False
+) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text}
     if result.reasoning:
         message["reasoning_content"] = result.reasoning
@@ -179,14 +201,23 @@ def to_response(result: GenerationResult, completion_id: str, model: str) -> dic
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": result.finish_reason}
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": logprobs_json(result.logprobs) if logprobs else None,
+                "finish_reason": result.finish_reason,
+            }
         ],
         "usage": usage_json(result.usage),
     }
 
 
 class ChatStreamEncoder:
-    """GenerationEvents -> `chat.completion.chunk` SSE frames, ending with `data: [DONE]`."""
+    """GenerationEvents -> `chat.completion.chunk` SSE frames, ending with `data: [DONE]`.
+
+    Logprobs ride on the next chunk that carries output (the text of their tokens may be held
+    back by the detokenizer or the stop matcher); what is left goes with the finish chunk.
+    """
 
     def __init__(self, completion_id: str, model: str, include_usage: bool):
         self.completion_id = completion_id
@@ -195,6 +226,7 @@ class ChatStreamEncoder:
         self.created = int(time.time())
         self._usage: Usage | None = None
         self._args_streamed: set[int] = set()
+        self._logprobs: list[TokenLogprob] = []
 
     def start(self) -> list[str]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -218,6 +250,9 @@ class ChatStreamEncoder:
             case Usage():
                 self._usage = event
                 return []
+            case Logprobs(tokens):
+                self._logprobs.extend(tokens)
+                return []
             case Finished(reason):
                 frames = [self._chunk({}, reason)]
                 if self.include_usage and self._usage is not None:
@@ -231,7 +266,9 @@ class ChatStreamEncoder:
         return []
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        logprobs = logprobs_json(self._logprobs) if self._logprobs else None
+        self._logprobs = []
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return data_frame(self._envelope([choice]))
 
     def _envelope(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -36,4 +36,4 @@ async def chat_completions(request: Request) -> Response:
         include_usage = bool(wire.stream_options and wire.stream_options.include_usage)
         return sse_response(encode_stream(ChatStreamEncoder(completion_id, model, include_usage), events))
     result = await complete(request, events)
-    return JSONResponse(to_response(result, completion_id, model))
+    return JSONResponse(to_response(result, completion_id, model, logprobs=bool(wire.logprobs)))

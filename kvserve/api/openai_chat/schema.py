@@ -73,6 +73,7 @@ class ChatCompletionRequest(WireModel):
     n: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     reasoning_effort: str | None = None

@@ -8,10 +8,19 @@ from typing import Any
 from kvserve.api.errors import ApiError
 from kvserve.api.openai_chat.adapter import usage_json
 from kvserve.api.openai_completions.schema import CompletionRequest
-from kvserve.api.request_fields import max_tokens, stop_list
+from kvserve.api.request_fields import logit_bias, max_tokens, stop_list, top_logprobs
 from kvserve.api.sse import DONE, KEEPALIVE, data_frame
 from kvserve.chat.conversation import GenerationOptions, SamplingOptions, TextRequest
-from kvserve.serving.events import Failed, Finished, GenerationEvent, PrefillProgress, TextDelta, Usage
+from kvserve.serving.events import (
+    Failed,
+    Finished,
+    GenerationEvent,
+    Logprobs,
+    PrefillProgress,
+    TextDelta,
+    TokenLogprob,
+    Usage,
+)
 from kvserve.serving.result import GenerationResult
 
 
@@ -37,7 +46,8 @@ def to_text_request(wire: CompletionRequest) -> TextRequest:
             presence_penalty=wire.presence_penalty,
             frequency_penalty=wire.frequency_penalty,
             repetition_penalty=wire.repetition_penalty,
-            logprobs=wire.logprobs,
+            logprobs=top_logprobs(wire.logprobs, "logprobs"),
+            logit_bias=logit_bias(wire.logit_bias),
             ignore_eos=wire.ignore_eos,
         ),
         stop=stop_list(wire.stop),
@@ -46,26 +56,51 @@ def to_text_request(wire: CompletionRequest) -> TextRequest:
     return TextRequest(prompt, options)
 
 
-def to_response(result: GenerationResult, completion_id: str, model: str) -> dict[str, Any]:
+def logprobs_json(tokens: list[TokenLogprob], text_offset: int = 0) -> dict[str, Any]:
+    """The legacy `choices[].logprobs`; `text_offset` is where the first token starts in the completion."""
+    offsets = []
+    for t in tokens:
+        offsets.append(text_offset)
+        text_offset += len(t.token)
+    return {
+        "tokens": [t.token for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [{alt.token: alt.logprob for alt in t.top} for t in tokens],
+        "text_offset": offsets,
+    }
+
+
+def to_response(
+    result: GenerationResult, completion_id: str, model: str, logprobs: bool = False
+) -> dict[str, Any]:
     return {
         "id": completion_id,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"text": result.text, "index": 0, "logprobs": None, "finish_reason": result.finish_reason}
+            {
+                "text": result.text,
+                "index": 0,
+                "logprobs": logprobs_json(result.logprobs) if logprobs else None,
+                "finish_reason": result.finish_reason,
+            }
         ],
         "usage": usage_json(result.usage),
     }
 
 
 class CompletionStreamEncoder:
+    """GenerationEvents -> `text_completion` SSE chunks; logprobs ride on the next chunk (see chat)."""
+
     def __init__(self, completion_id: str, model: str, include_usage: bool):
         self.completion_id = completion_id
         self.model = model
         self.include_usage = include_usage
         self.created = int(time.time())
         self._usage: Usage | None = None
+        self._logprobs: list[TokenLogprob] = []
+        self._text_offset = 0  # where the next logprobs token starts in the completion
 
     def start(self) -> list[str]:
         return []
@@ -76,6 +111,8 @@ class CompletionStreamEncoder:
                 return [self._chunk(text, None)]
             case Usage():
                 self._usage = event
+            case Logprobs(tokens):
+                self._logprobs.extend(tokens)
             case Finished(reason):
                 frames = [self._chunk("", reason)]
                 if self.include_usage and self._usage is not None:
@@ -93,9 +130,13 @@ class CompletionStreamEncoder:
         return []
 
     def _chunk(self, text: str, finish_reason: str | None) -> str:
-        return data_frame(
-            self._envelope([{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}])
-        )
+        logprobs = None
+        if self._logprobs:
+            logprobs = logprobs_json(self._logprobs, self._text_offset)
+            self._text_offset += sum(len(t.token) for t in self._logprobs)
+            self._logprobs = []
+        choice = {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
+        return data_frame(self._envelope([choice]))
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {

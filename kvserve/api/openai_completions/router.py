@@ -38,4 +38,4 @@ async def completions(request: Request) -> Response:
             encode_stream(CompletionStreamEncoder(completion_id, model, include_usage), events)
         )
     result = await complete(request, events)
-    return JSONResponse(to_response(result, completion_id, model))
+    return JSONResponse(to_response(result, completion_id, model, logprobs=wire.logprobs is not None))

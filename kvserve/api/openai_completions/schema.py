@@ -28,4 +28,5 @@ class CompletionRequest(WireModel):
     best_of: int | None = None
     echo: bool = False
     logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False

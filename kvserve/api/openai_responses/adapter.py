@@ -13,6 +13,7 @@ from kvserve.api.request_fields import (
     max_tokens,
     reasoning_from_effort,
     stop_list,
+    top_logprobs,
 )
 from kvserve.chat.conversation import (
     ChatRequest,
@@ -41,6 +42,7 @@ _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_t
 _IGNORED_ITEMS = ("compaction", "context_compaction", "item_reference")
 _SUMMARY_OPT_IN = ("auto", "concise", "detailed")
 NAMESPACE_SEPARATOR = "__"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 def flat_tool_name(namespace: str, name: str) -> str:
@@ -50,6 +52,10 @@ def flat_tool_name(namespace: str, name: str) -> str:
 
 def wants_reasoning_summary(wire: ResponsesRequest) -> bool:
     return wire.reasoning is not None and wire.reasoning.summary in _SUMMARY_OPT_IN
+
+
+def wants_logprobs(wire: ResponsesRequest) -> bool:
+    return LOGPROBS_INCLUDE in (wire.include or ())
 
 
 def conversation(wire: ResponsesRequest, chat: ChatRequest) -> tuple[Message, ...]:
@@ -74,7 +80,11 @@ def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) 
         raise ApiError(400, "input must not be empty", param="input")
     options = GenerationOptions(
         sampling=SamplingOptions(
-            temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k, seed=wire.seed
+            temperature=wire.temperature,
+            top_p=wire.top_p,
+            top_k=wire.top_k,
+            seed=wire.seed,
+            logprobs=_logprobs(wire),
         ),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(wire.max_output_tokens, "max_output_tokens"),
@@ -91,6 +101,12 @@ def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) 
         if isinstance(text_format, dict) and text_format.get("type") != "text"
         else None,
     )
+
+
+def _logprobs(wire: ResponsesRequest) -> int | None:
+    """On with `include: ["message.output_text.logprobs"]`; `top_logprobs` adds alternatives."""
+    k = top_logprobs(wire.top_logprobs, "top_logprobs")
+    return (k or 0) if wants_logprobs(wire) else None
 
 
 def tools(wire_tools: list[dict[str, Any]]) -> tuple[ToolSpec, ...]:
@@ -134,62 +150,85 @@ def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
 
 
 def _messages(items: list[InputItem]) -> list[Message]:
-    """Items -> messages: calls merge into the preceding assistant turn; reasoning attaches to the next."""
-    out: list[Message] = []
-    reasoning: list[Part] = []
-
-    def add_assistant(parts: list[Part]) -> None:
-        nonlocal reasoning
-        parts = reasoning + parts
-        reasoning = []
-        if out and out[-1].role == "assistant" and not any(isinstance(p, ReasoningPart) for p in parts):
-            out[-1] = Message("assistant", out[-1].parts + tuple(parts))
-        else:
-            out.append(Message("assistant", tuple(parts)))
-
+    folder = _ItemFolder()
     for i, item in enumerate(items):
-        param = f"input.{i}"
+        folder.add(item, f"input.{i}")
+    return folder.finish()
+
+
+class _ItemFolder:
+    """Items -> messages: calls merge into the preceding assistant turn; reasoning attaches to the next."""
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self._reasoning: list[Part] = []
+
+    def add(self, item: InputItem, param: str) -> None:
         kind = item.type
         if kind == "message":
-            role = _ROLES.get(item.role or "user")
-            if role is None:
-                raise ApiError(400, f"{param}.role: unknown role {item.role!r}", param=f"{param}.role")
-            parts = _content(item.content, param)
-            if role == "assistant":
-                add_assistant(parts)
-                continue
-            if reasoning:  # reasoning with no assistant turn after it
-                out.append(Message("assistant", tuple(reasoning)))
-                reasoning = []
-            out.append(Message(role, tuple(parts)))
+            self._message(item, param)
         elif kind == "reasoning":
-            text = "".join(p.text or "" for p in (item.summary or []))
-            text += "".join(p.text or "" for p in (item.content or []) if isinstance(p, InputContent))
-            reasoning.append(ReasoningPart(text))
+            self._reasoning.append(ReasoningPart(_reasoning_text(item)))
         elif kind in ("function_call", "custom_tool_call"):
-            name = item.name or ""
-            if item.namespace:
-                name = flat_tool_name(item.namespace, name)
-            if kind == "function_call":
-                arguments = arguments_text({} if item.arguments is None else item.arguments)
-            else:  # a custom tool takes free text; it travels as the one `input` argument
-                arguments = json.dumps(
-                    {"input": item.input if isinstance(item.input, str) else ""}, ensure_ascii=False
-                )
-            add_assistant([ToolCallPart(item.call_id or item.id or "", name, arguments)])
+            self._assistant([_tool_call(item)])
         elif kind.endswith("_call_output") or kind == "tool_search_output":
-            out.append(
-                Message("tool", (ToolResultPart(item.call_id or item.id or "", _output_text(item.output)),))
-            )
-        elif kind.endswith(
-            "_call"
-        ):  # hosted calls replayed in history (local_shell_call, web_search_call, ...)
-            add_assistant([ToolCallPart(item.call_id or item.id or "", kind.removesuffix("_call"), "{}")])
+            result = ToolResultPart(_call_id(item), _output_text(item.output))
+            self.messages.append(Message("tool", (result,)))
+        elif kind.endswith("_call"):  # hosted calls replayed in history (local_shell_call, ...)
+            self._assistant([ToolCallPart(_call_id(item), kind.removesuffix("_call"), "{}")])
         elif kind not in _IGNORED_ITEMS:
             raise ApiError(400, f"{param}: unsupported input item type {kind!r}", param=f"{param}.type")
-    if reasoning:
-        out.append(Message("assistant", tuple(reasoning)))
-    return out
+
+    def finish(self) -> list[Message]:
+        self._flush_reasoning()
+        return self.messages
+
+    def _message(self, item: InputItem, param: str) -> None:
+        role = _ROLES.get(item.role or "user")
+        if role is None:
+            raise ApiError(400, f"{param}.role: unknown role {item.role!r}", param=f"{param}.role")
+        parts = _content(item.content, param)
+        if role == "assistant":
+            self._assistant(parts)
+        else:
+            self._flush_reasoning()
+            self.messages.append(Message(role, tuple(parts)))
+
+    def _assistant(self, parts: list[Part]) -> None:
+        parts, self._reasoning = [*self._reasoning, *parts], []
+        last = self.messages[-1] if self.messages else None
+        has_reasoning = any(isinstance(p, ReasoningPart) for p in parts)
+        if last is not None and last.role == "assistant" and not has_reasoning:
+            self.messages[-1] = Message("assistant", last.parts + tuple(parts))
+        else:
+            self.messages.append(Message("assistant", tuple(parts)))
+
+    def _flush_reasoning(self) -> None:
+        """Reasoning with no assistant turn after it stands as its own turn."""
+        if self._reasoning:
+            self.messages.append(Message("assistant", tuple(self._reasoning)))
+            self._reasoning = []
+
+
+def _call_id(item: InputItem) -> str:
+    return item.call_id or item.id or ""
+
+
+def _reasoning_text(item: InputItem) -> str:
+    text = "".join(p.text or "" for p in (item.summary or []))
+    return text + "".join(p.text or "" for p in (item.content or []) if isinstance(p, InputContent))
+
+
+def _tool_call(item: InputItem) -> ToolCallPart:
+    name = item.name or ""
+    if item.namespace:
+        name = flat_tool_name(item.namespace, name)
+    if item.type == "function_call":
+        arguments = arguments_text({} if item.arguments is None else item.arguments)
+    else:  # a custom tool takes free text; it travels as the one `input` argument
+        text = item.input if isinstance(item.input, str) else ""
+        arguments = json.dumps({"input": text}, ensure_ascii=False)
+    return ToolCallPart(_call_id(item), name, arguments)
 
 
 def _content(content: str | list[InputContent] | None, param: str) -> list[Part]:

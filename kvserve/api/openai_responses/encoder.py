@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kvserve.api.logprobs_json import token_logprob_json
 from kvserve.api.openai_responses.adapter import NAMESPACE_SEPARATOR, flat_tool_name
 from kvserve.api.request_fields import new_id
 from kvserve.api.sse import KEEPALIVE, event_frame
@@ -18,9 +19,11 @@ from kvserve.serving.events import (
     Failed,
     Finished,
     GenerationEvent,
+    Logprobs,
     PrefillProgress,
     ReasoningDelta,
     TextDelta,
+    TokenLogprob,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
@@ -61,6 +64,7 @@ class ResponsesEncoder:
         self._open: dict[str, Any] | None = None
         self._args_streamed = False
         self._sequence = 0
+        self._logprobs: list[TokenLogprob] = []  # of text not streamed yet (only when asked)
 
     def response(self) -> dict[str, Any]:
         return {
@@ -104,6 +108,7 @@ class ResponsesEncoder:
                 item = self._open
                 assert item is not None
                 item["content"][0]["text"] += text
+                logprobs = self._take_logprobs(item)
                 return frames + [
                     self._frame(
                         "response.output_text.delta",
@@ -111,10 +116,11 @@ class ResponsesEncoder:
                         output_index=self._index,
                         content_index=0,
                         delta=text,
-                        logprobs=[],
+                        logprobs=logprobs,
                     )
                 ]
             case ReasoningDelta(text):
+                self._logprobs.clear()  # logprobs describe output_text only
                 if not self.include_reasoning:
                     return []
                 frames = self._ensure_reasoning()
@@ -131,6 +137,7 @@ class ResponsesEncoder:
                     )
                 ]
             case ToolCallStart(_, call_id, name):
+                self._logprobs.clear()
                 return self._close() + self._open_item(self._function_call(call_id, name))
             case ToolCallArgsDelta(_, fragment):
                 assert self._open is not None
@@ -148,6 +155,8 @@ class ResponsesEncoder:
                 return self._end_call(arguments)
             case Usage():
                 self._usage = event
+            case Logprobs(tokens):
+                self._logprobs.extend(tokens)
             case Finished(reason):
                 frames = self._close()
                 if reason == "length":
@@ -261,6 +270,7 @@ class ResponsesEncoder:
         frames = []
         if item["type"] == "message":
             part = item["content"][0]
+            self._take_logprobs(item)  # tokens whose text was held back, then cut
             frames += [
                 self._frame(
                     "response.output_text.done",
@@ -268,7 +278,7 @@ class ResponsesEncoder:
                     output_index=self._index,
                     content_index=0,
                     text=part["text"],
-                    logprobs=[],
+                    logprobs=part["logprobs"],
                 ),
                 self._frame(
                     "response.content_part.done",
@@ -299,6 +309,13 @@ class ResponsesEncoder:
         return frames + [
             self._frame("response.output_item.done", output_index=self._index, item=_snapshot(item))
         ]
+
+    def _take_logprobs(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pending logprobs as JSON, added to the message item's text part."""
+        taken = [token_logprob_json(t) for t in self._logprobs]
+        self._logprobs.clear()
+        item["content"][0]["logprobs"].extend(taken)
+        return taken
 
     def _frame(self, event_type: str, **payload: Any) -> str:
         frame = event_frame(event_type, {"type": event_type, "sequence_number": self._sequence, **payload})

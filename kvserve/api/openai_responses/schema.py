@@ -52,3 +52,5 @@ class ResponsesRequest(WireModel):
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = None
