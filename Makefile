@@ -45,7 +45,7 @@ $(VENV)/.llama-cpp-stamp: $(STAMP)
 bench-peer: $(VENV)/.llama-cpp-stamp
 
 bench: bench-peer
-	$(VENV)/bin/kvserve bench engine --model $(MODEL) --dtype bfloat16 --json docs/benchmarks/engine-cpu.json
+	$(VENV)/bin/kvserve bench engine --model $(MODEL) --dtype bfloat16 --json docs/benchmarks/engine-cpu-bf16.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -83,7 +83,12 @@ def _run_decode(engine: EngineCore, prompts: list[list[int]], decode_tokens: int
 
 
 def bench_llama_cpp(
-    model_path: str, prompt_vocab: int, prefill_lens: list[int], decode_tokens: int, repeats: int, threads: int
+    model_path: str,
+    prompt_vocab: int,
+    prefill_lens: list[int],
+    decode_tokens: int,
+    repeats: int,
+    threads: int,
 ) -> EngineBenchResult | str:
     """Returns the result, or a reason string when llama-cpp-python is not installed."""
     try:

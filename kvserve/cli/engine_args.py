@@ -15,20 +15,39 @@ logger = logging.getLogger(__name__)
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", "-m", default=d.model, help="GGUF file, HF folder or alias (see `kvserve models`)")
-    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
-                   help="compute dtype; auto = bf16 on CUDA and CPUs with AMX/AVX512-BF16, else fp32")
+    g.add_argument(
+        "--model", "-m", default=d.model, help="GGUF file, HF folder or alias (see `kvserve models`)"
+    )
+    g.add_argument(
+        "--dtype",
+        default=d.dtype,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="compute dtype; auto = bf16 on CUDA and CPUs with AMX/AVX512-BF16, else fp32",
+    )
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto")
-    g.add_argument("--weight-quant", default=d.weight_quant, choices=["none", "int8", "int4"],
-                   help="CPU bf16 only: low-bit weight copies for decode-sized batches (faster, lossy)")
+    g.add_argument(
+        "--weight-quant",
+        default=d.weight_quant,
+        choices=["none", "int8", "int4"],
+        help="CPU bf16 only: low-bit weight copies for decode-sized batches (faster, lossy)",
+    )
     g.add_argument("--ctx", type=int, default=d.max_model_len, help="context length (0 = the model's)")
-    g.add_argument("--max-num-seqs", type=int, default=d.scheduler.max_num_seqs,
-                   help="sequences decoded together (continuous batching)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=d.scheduler.max_num_batched_tokens,
-                   help="token budget of one step (prefill chunk size)")
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=d.scheduler.max_num_seqs,
+        help="sequences decoded together (continuous batching)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.scheduler.max_num_batched_tokens,
+        help="token budget of one step (prefill chunk size)",
+    )
     g.add_argument("--block-size", type=int, default=d.cache.block_size, help="tokens per KV block")
-    g.add_argument("--kv-cache-memory-mb", type=int, default=d.cache.kv_cache_memory_mb,
-                   help="KV pool size (0 = auto)")
+    g.add_argument(
+        "--kv-cache-memory-mb", type=int, default=d.cache.kv_cache_memory_mb, help="KV pool size (0 = auto)"
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="global RNG seed for unseeded requests")
 
 

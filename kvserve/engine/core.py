@@ -35,8 +35,11 @@ class EngineCore:
         self.device = torch.device(config.device)
         self.max_model_len = _resolve_max_model_len(config, loaded)
         if apply_weight_quant(loaded.model, config.weight_quant):
-            logger.info("weight-only %s for batches of <= %d tokens", config.weight_quant,
-                        MAX_QUANT_ROWS[config.weight_quant])
+            logger.info(
+                "weight-only %s for batches of <= %d tokens",
+                config.weight_quant,
+                MAX_QUANT_ROWS[config.weight_quant],
+            )
         block_size = config.cache.block_size
         self.num_blocks = _resolve_num_blocks(config, loaded, self.max_model_len)
         # KV computed with quantized weights differs from dense KV: never share blocks between them.
@@ -59,9 +62,7 @@ class EngineCore:
             config.device,
         )
 
-    def make_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> Request:
+    def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         request = Request(
@@ -120,7 +121,9 @@ def _prefill_progress(scheduler_output: SchedulerOutput, outputs: list[EngineOut
             num_computed_tokens=s.request.num_computed_tokens,
         )
         for s in scheduler_output.scheduled
-        if s.request.request_id not in reported and not s.request.is_finished and not s.request.output_token_ids
+        if s.request.request_id not in reported
+        and not s.request.is_finished
+        and not s.request.output_token_ids
     ]
 
 

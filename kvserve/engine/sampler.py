@@ -65,8 +65,9 @@ class Penalties:
         has_repetition = [p.repetition_penalty != 1 for p in params]
         has_additive = [p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params]
         # Rows without a penalty contribute empty token lists, so padding stays small.
-        outputs = [ids if rep or add else [] for ids, rep, add in
-                   zip(output_token_ids, has_repetition, has_additive)]
+        outputs = [
+            ids if rep or add else [] for ids, rep, add in zip(output_token_ids, has_repetition, has_additive)
+        ]
         output_counts = _token_counts(outputs, vocab_size, device)
         seen_mask = None
         if any(has_repetition):
@@ -139,31 +140,46 @@ class SamplingBatch:
         any_top_k = any(k < vocab_size for k in top_ks)
         any_top_p = any(p.top_p < 1 for p in sampled)
         any_min_p = any(p.min_p > 0 for p in sampled)
-        bias = [(row, token_id, value) for row, p in enumerate(params)
-                for token_id, value in p.logit_bias
-                # NOTE: the API layer rejects out-of-vocab ids; never index out of bounds here.
-                if 0 <= token_id < vocab_size]
+        bias = [
+            (row, token_id, value)
+            for row, p in enumerate(params)
+            for token_id, value in p.logit_bias
+            # NOTE: the API layer rejects out-of-vocab ids; never index out of bounds here.
+            if 0 <= token_id < vocab_size
+        ]
         return cls(
             num_rows=num_rows,
             vocab_size=vocab_size,
             is_all_greedy=all(greedy),
             greedy_mask=_to_device(greedy, torch.bool, device) if any(greedy) else None,
-            temperature=None if all(greedy) else _to_device(
-                [[1.0 if g else p.temperature] for p, g in zip(params, greedy)],
-                torch.float32, device),
+            temperature=None
+            if all(greedy)
+            else _to_device(
+                [[1.0 if g else p.temperature] for p, g in zip(params, greedy)], torch.float32, device
+            ),
             top_k=_to_device(top_ks, torch.int64, device) if any_top_k else None,
             max_top_k=max((k for k in top_ks if k < vocab_size), default=0),
-            top_p=_to_device([1.0 if g else p.top_p for p, g in zip(params, greedy)],
-                             torch.float32, device) if any_top_p else None,
-            min_p=_to_device([0.0 if g else p.min_p for p, g in zip(params, greedy)],
-                             torch.float32, device) if any_min_p else None,
-            seeded_rows=[(row, gen) for row, (gen, g) in enumerate(zip(generators, greedy))
-                         if gen is not None and not g],
-            bias_index=(_to_device([b[0] for b in bias], torch.int64, device),
-                        _to_device([b[1] for b in bias], torch.int64, device)) if bias else None,
+            top_p=_to_device([1.0 if g else p.top_p for p, g in zip(params, greedy)], torch.float32, device)
+            if any_top_p
+            else None,
+            min_p=_to_device([0.0 if g else p.min_p for p, g in zip(params, greedy)], torch.float32, device)
+            if any_min_p
+            else None,
+            seeded_rows=[
+                (row, gen)
+                for row, (gen, g) in enumerate(zip(generators, greedy))
+                if gen is not None and not g
+            ],
+            bias_index=(
+                _to_device([b[0] for b in bias], torch.int64, device),
+                _to_device([b[1] for b in bias], torch.int64, device),
+            )
+            if bias
+            else None,
             bias_values=_to_device([b[2] for b in bias], torch.float32, device) if bias else None,
-            penalties=Penalties.build(params, prompt_token_ids, output_token_ids, vocab_size,
-                                      device) if any(p.has_penalties for p in params) else None,
+            penalties=Penalties.build(params, prompt_token_ids, output_token_ids, vocab_size, device)
+            if any(p.has_penalties for p in params)
+            else None,
             num_logprobs=[p.logprobs for p in params],
         )
 

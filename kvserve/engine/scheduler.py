@@ -203,9 +203,8 @@ class Scheduler:
         is_eos = token_id in request.eos_token_ids and not params.ignore_eos
         if is_eos or token_id in params.stop_token_ids:
             request.status = RequestStatus.FINISHED_STOPPED
-        elif (
-            request.num_output_tokens >= params.max_tokens
-            or request.num_tokens >= self.token_limit(request)
+        elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.token_limit(
+            request
         ):
             request.status = RequestStatus.FINISHED_LENGTH
 

@@ -47,7 +47,9 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim,
+            arch.num_attention_heads,
+            arch.num_key_value_heads,
+            arch.head_dim,
         )
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(arch.hidden_size, (q_size, kv_size, kv_size), bias=qkv_bias)

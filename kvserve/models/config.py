@@ -55,9 +55,14 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen2": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
     "qwen3": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
     "gemma3": {
-        "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "max_position_embeddings": 131_072,
-        "rope_local_base_freq": 10_000.0, "query_pre_attn_scalar": 256, "sliding_window": 4096,
-        "rms_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+        "rope_theta": 1_000_000.0,
+        "max_position_embeddings": 131_072,
+        "rope_local_base_freq": 10_000.0,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "gelu_pytorch_tanh",
     },
 }
 
@@ -69,8 +74,11 @@ def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
     Unknown model types pass through unchanged; the registry rejects what it cannot run.
     """
     if "text_config" in hf and hf.get("model_type") == "gemma3":
-        hf = {**hf["text_config"], "model_type": "gemma3",
-              "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
+        hf = {
+            **hf["text_config"],
+            "model_type": "gemma3",
+            "tie_word_embeddings": hf.get("tie_word_embeddings", True),
+        }
     model_type = str(hf.get("model_type", ""))
     family = _MODEL_TYPE_ALIASES.get(model_type, model_type)
     defaults = _FAMILY_DEFAULTS.get(family, _FAMILY_DEFAULTS["llama"])

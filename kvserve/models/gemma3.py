@@ -27,7 +27,10 @@ GEMMA_NORM_OFFSET = 1.0
 # tower and projector are not used by a text-only server.
 _TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
 _SKIPPED_PREFIXES = (
-    "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+    "vision_tower.",
+    "multi_modal_projector.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
 )
 
 

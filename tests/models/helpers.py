@@ -26,8 +26,13 @@ def tiny_hf_config(family: str):  # -> transformers.PretrainedConfig
     import transformers
 
     if family == "llama":
-        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 16}
+        rope = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        }
         return transformers.LlamaConfig(**TINY, head_dim=16, rope_scaling=rope, rope_theta=10_000.0)
     if family == "llama_tied":
         return transformers.LlamaConfig(**TINY, tie_word_embeddings=True, rope_theta=100_000.0)
@@ -37,9 +42,13 @@ def tiny_hf_config(family: str):  # -> transformers.PretrainedConfig
         return transformers.Qwen3Config(**TINY, head_dim=32)
     if family == "gemma3":
         return transformers.Gemma3TextConfig(
-            **{**TINY, "num_hidden_layers": 4}, head_dim=32, sliding_window=8, query_pre_attn_scalar=24,
+            **{**TINY, "num_hidden_layers": 4},
+            head_dim=32,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
-            rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+            rope_theta=1_000_000.0,
+            rope_local_base_freq=10_000.0,
             rope_scaling={"rope_type": "linear", "factor": 8.0},
         )
     raise ValueError(family)

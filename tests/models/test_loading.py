@@ -19,11 +19,24 @@ from kvserve.models.registry import UnsupportedModelError, build_model, get_mode
 from tests.models.helpers import PagedDriver, save_tiny_hf_model
 
 GEMMA3_1B_STYLE = {  # transformers 4.x layout, as published for gemma-3-1b-it
-    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262144,
-    "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4,
-    "num_key_value_heads": 1, "head_dim": 256, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
-    "rope_local_base_freq": 10000, "rope_scaling": None, "sliding_window": 512, "sliding_window_pattern": 6,
-    "query_pre_attn_scalar": 256, "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh",
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "vocab_size": 262144,
+    "hidden_size": 1152,
+    "intermediate_size": 6912,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "rope_local_base_freq": 10000,
+    "rope_scaling": None,
+    "sliding_window": 512,
+    "sliding_window_pattern": 6,
+    "query_pre_attn_scalar": 256,
+    "max_position_embeddings": 32768,
+    "hidden_activation": "gelu_pytorch_tanh",
     "final_logit_softcapping": None,
 }
 
@@ -44,10 +57,22 @@ def test_gemma3_multimodal_config_uses_text_config() -> None:
 
 
 def test_llama3_rope_scaling_old_and_new_layouts_agree() -> None:
-    base = {"model_type": "llama", "vocab_size": 10, "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 131072}
-    scaling = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    base = {
+        "model_type": "llama",
+        "vocab_size": 10,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 131072,
+    }
+    scaling = {
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    }
     old = arch_config_from_hf({**base, "rope_theta": 500000.0, "rope_scaling": scaling})
     new = arch_config_from_hf({**base, "rope_parameters": {**scaling, "rope_theta": 500000.0}})
     assert old == new and old.rope_theta == 500000.0 and old.rope_scaling_dict == scaling

@@ -77,9 +77,9 @@ def test_mixed_batch_matches_separate_runs(pair: Pair) -> None:
     driver = PagedDriver(pair.ours, seed=11)
     driver.step([(0, a[:-1]), (1, b[:-1]), (2, c[:20])])
     batched = driver.step([(0, a[-1:]), (1, b[-1:]), (2, c[20:])])
-    expected = torch.cat([
-        _hf_logits(pair.hf, a)[-1:], _hf_logits(pair.hf, b)[-1:], _hf_logits(pair.hf, c)[20:]
-    ])
+    expected = torch.cat(
+        [_hf_logits(pair.hf, a)[-1:], _hf_logits(pair.hf, b)[-1:], _hf_logits(pair.hf, c)[20:]]
+    )
     torch.testing.assert_close(batched, expected, atol=LOGITS_ATOL, rtol=0)
 
 

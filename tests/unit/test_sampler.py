@@ -46,8 +46,7 @@ def test_greedy_is_argmax_with_lowest_index_on_ties():
 
 
 def test_all_greedy_batch_builds_no_sampling_state():
-    batch = _batch([GREEDY, SamplingParams(top_k=1, seed=3)], 10,
-                   generators=[None, make_generator(3, CPU)])
+    batch = _batch([GREEDY, SamplingParams(top_k=1, seed=3)], 10, generators=[None, make_generator(3, CPU)])
     assert batch.is_all_greedy
     assert batch.temperature is None and batch.top_k is None and batch.top_p is None
     assert batch.penalties is None and batch.bias_index is None and batch.seeded_rows == []
@@ -219,16 +218,20 @@ def test_mixed_batch_rows_are_independent():
         (GREEDY, [], [], None),
         (SamplingParams(temperature=1.0, top_k=3), [], [], None),
         (SamplingParams(temperature=0.9, seed=5, logprobs=2), [], [], 5),
-        (SamplingParams(temperature=0, repetition_penalty=3.0, frequency_penalty=1.0),
-         [1, 2], [3, 3], None),
+        (SamplingParams(temperature=0, repetition_penalty=3.0, frequency_penalty=1.0), [1, 2], [3, 3], None),
         (SamplingParams(temperature=1.2, top_p=0.8, min_p=0.05, seed=11), [], [], 11),
     ]
 
     def run(indices):
         params = [rows[i][0] for i in indices]
         generators = [make_generator(rows[i][3], CPU) for i in indices]
-        return _sample(logits[indices], params, prompts=[rows[i][1] for i in indices],
-                       outputs=[rows[i][2] for i in indices], generators=generators)
+        return _sample(
+            logits[indices],
+            params,
+            prompts=[rows[i][1] for i in indices],
+            outputs=[rows[i][2] for i in indices],
+            generators=generators,
+        )
 
     batched_ids, batched_logprobs = run([0, 1, 2, 3, 4])
     for i in (0, 2, 3, 4):  # deterministic rows: same answer alone as in the batch

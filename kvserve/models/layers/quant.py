@@ -26,8 +26,13 @@ MAX_QUANT_ROWS = {"int8": 4, "int4": 16}
 
 
 class WeightOnlyLinear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: WeightQuant,
-                 max_quant_rows: int | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        scheme: WeightQuant,
+        max_quant_rows: int | None = None,
+    ) -> None:
         super().__init__()
         assert weight.dtype == torch.bfloat16 and weight.device.type == "cpu", "CPU bf16 only"
         self.weight = weight  # [out, in] dense, for prefill-sized batches
@@ -84,9 +89,12 @@ def apply_weight_quant(model: nn.Module, scheme: WeightQuant, *, quantize_head: 
     if scheme == "none":
         return 0
     head = getattr(model, "lm_head", None)
-    targets = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children()
-               if isinstance(child, nn.Linear) and child is not head]
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear) and child is not head
+    ]
     for parent, name, child in targets:
         setattr(parent, name, WeightOnlyLinear(child.weight.data, _bias(child), scheme))
     if quantize_head and hasattr(model, "head_quant"):
