@@ -1,0 +1,192 @@
+"""The one streaming state machine shared by every tool-call syntax.
+
+It finds blocks between a syntax's start and end markers, holds back text that could be the start of a
+marker (so a half-streamed `<tool_ca` is never shown as text), and hands each complete block to the
+syntax's `parse_tool_call`. What the parse rejects is returned as text, so no output is ever lost or
+raises. Whitespace between a call and its neighbours is a separator, not content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from kvserve.toolcalls.events import CallArgs, CallEnd, CallStart, TextChunk, ToolEvent
+from kvserve.toolcalls.syntax import (
+    JSON_ERRORS,
+    NeedsMore,
+    ParamSchemas,
+    ParsedCall,
+    ParseResult,
+    ToolLike,
+    compact_json,
+    param_schemas,
+)
+
+
+class ToolSyntax(Protocol):
+    """The three-symbol contract of a syntax module (see syntax.py)."""
+
+    tool_call_start: str | tuple[str, ...]
+    tool_call_end: str | tuple[str, ...] | None
+
+    def parse_tool_call(self, block: str, tools: ParamSchemas, is_truncated: bool) -> ParseResult: ...
+
+
+def _as_tuple(markers: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (markers,) if isinstance(markers, str) else markers
+
+
+class ToolCallParser:
+    """`feed(text)` per generated piece, `finish()` once; both return ToolEvents."""
+
+    def __init__(self, syntax: ToolSyntax, tools: Iterable[ToolLike] = ()):
+        self._syntax = syntax
+        self._schemas = param_schemas(tools)
+        self._starts = _as_tuple(syntax.tool_call_start)
+        self._ends = None if syntax.tool_call_end is None else _as_tuple(syntax.tool_call_end)
+        assert self._ends is None or len(self._ends) == len(self._starts)
+        self._buf = ""  # text not yet emitted: a held partial marker, or the open block
+        self._ws = ""  # whitespace held before `_buf`: dropped if a call follows it
+        self._block: int | None = None  # index of the start marker of the open block
+        self._block_ws = ""  # the whitespace that preceded the open block
+        self._search_from = 0  # where to look for the open block's end marker next
+        # Pieces of an open block not yet joined into `_buf`: joining on every token would copy the
+        # block each time (quadratic in a long `write` call); only a piece that may hold the end marker
+        # triggers the join. `_tail` is the block's last len(end) - 1 characters, for markers split
+        # across pieces.
+        self._parts: list[str] = []
+        self._tail = ""
+        self._after_call = False
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        events: list[ToolEvent] = []
+        if self._block is not None and not self._may_close(text):
+            self._parts.append(text)
+            return events
+        self._join(text)
+        while self._buf:
+            if self._block is not None:
+                if not self._scan_block(events):
+                    break
+            elif not self._scan_text(events):
+                break
+        if self._block is not None and self._ends is not None:
+            self._tail = self._buf[-(len(self._ends[self._block]) - 1) :]
+        return events
+
+    def finish(self) -> list[ToolEvent]:
+        events: list[ToolEvent] = []
+        if self._block is not None:
+            # No end marker: cut by max_tokens (repair it) or a syntax whose calls run to the end.
+            self._join("")
+            block, self._buf = self._buf, ""
+            result = self._syntax.parse_tool_call(block, self._schemas, self._ends is not None)
+            self._close_block(block, None if isinstance(result, NeedsMore) else result, events)
+        else:
+            self._text(self._buf, events)
+            self._buf = ""
+        if self._ws and not self._after_call:
+            events.append(TextChunk(self._ws))
+        self._ws = ""
+        return events
+
+    # -- text outside blocks -------------------------------------------------------------
+
+    def _scan_text(self, events: list[ToolEvent]) -> bool:
+        """Emit text up to the next start marker and open the block; False when none is there yet."""
+        found = [(pos, k) for k, start in enumerate(self._starts) if (pos := self._buf.find(start)) >= 0]
+        if not found:
+            keep = self._partial_marker_len()
+            self._text(self._buf[: len(self._buf) - keep], events)
+            self._buf = self._buf[len(self._buf) - keep :]
+            return False
+        pos, k = min(found)
+        self._text(self._buf[:pos], events)
+        self._block, self._block_ws, self._ws = k, self._ws, ""
+        self._buf = self._buf[pos:]
+        self._search_from = len(self._starts[k])
+        return True
+
+    def _partial_marker_len(self) -> int:
+        """Length of the longest tail of the buffer that is a proper prefix of a start marker."""
+        best = 0
+        for start in self._starts:
+            for n in range(min(len(start) - 1, len(self._buf)), best, -1):
+                if self._buf.endswith(start[:n]):
+                    best = n
+                    break
+        return best
+
+    def _text(self, text: str, events: list[ToolEvent]) -> None:
+        if not text:
+            return
+        full = self._ws + text
+        body = full.rstrip()
+        self._ws = full[len(body) :]
+        if not body:
+            return
+        if self._after_call:
+            body = body.lstrip()  # the separator after a call is not content
+            self._after_call = False
+        if body:
+            events.append(TextChunk(body))
+
+    # -- inside a block ------------------------------------------------------------------
+
+    def _may_close(self, text: str) -> bool:
+        """Whether `text` may complete the open block's end marker (never, for a syntax without one)."""
+        if self._ends is None:
+            return False
+        end = self._ends[self._block or 0]
+        window = self._tail + text
+        self._tail = window[-(len(end) - 1) :]
+        return end in window
+
+    def _join(self, text: str) -> None:
+        self._buf = "".join([self._buf, *self._parts, text])
+        self._parts.clear()
+
+    def _scan_block(self, events: list[ToolEvent]) -> bool:
+        """Close the block at the first end marker that parses; False while none has arrived."""
+        assert self._block is not None
+        if self._ends is None:
+            return False
+        end = self._ends[self._block]
+        while (pos := self._buf.find(end, self._search_from)) >= 0:
+            stop = pos + len(end)
+            result = self._syntax.parse_tool_call(self._buf[:stop], self._schemas, False)
+            if isinstance(result, NeedsMore):  # the marker was inside a value: read on
+                self._search_from = stop
+                continue
+            block, self._buf = self._buf[:stop], self._buf[stop:]
+            self._close_block(block, result, events)
+            return True
+        self._search_from = max(self._search_from, len(self._buf) - len(end) + 1)
+        return False
+
+    def _close_block(self, block: str, calls: list[ParsedCall] | None, events: list[ToolEvent]) -> None:
+        self._block = None
+        arguments = _serialized(calls)
+        if arguments is None:  # malformed: the model's text, exactly as sampled
+            self._ws, self._block_ws = self._block_ws, ""
+            self._text(block, events)
+            return
+        raw = self._block_ws + block
+        self._block_ws = ""
+        for call, text in zip(calls or (), arguments, strict=True):
+            index = self.num_calls
+            self.num_calls += 1
+            events += [CallStart(index, call.name), CallArgs(index, text), CallEnd(index, text, raw)]
+        self._after_call = True
+
+
+def _serialized(calls: list[ParsedCall] | None) -> list[str] | None:
+    """Each call's arguments as compact JSON; None when there are no calls (or absurdly deep values)."""
+    if not calls:
+        return None
+    try:
+        return [compact_json(call.arguments) for call in calls]
+    except JSON_ERRORS:
+        return None
