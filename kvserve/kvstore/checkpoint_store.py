@@ -1,0 +1,269 @@
+"""CheckpointStore: the disk tier of one cache directory, for one model and KV layout.
+
+    <dir>/checkpoints/<text sha1>.kvm   manifests (metadata, exact tokens, chunk list)
+    <dir>/chunks/<chain hash>.kvc       content-addressed KV chunks, shared between manifests
+    <dir>/index.sqlite                  derived index (rebuilt from the files when needed)
+
+Thread-safe: the background writer saves while the engine thread looks up and loads.
+NOTE: one server per directory; opening it deletes other processes' temp files.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from kvserve.kvstore.checkpoint import (
+    Checkpoint,
+    CheckpointMeta,
+    ChunkRun,
+    ChunkSpan,
+    LoadedKV,
+    SaveResult,
+    StoreIdentity,
+    StoreStats,
+)
+from kvserve.kvstore.checkpoint_files import CheckpointFiles, ChunkProvider, ChunkUnavailableError
+from kvserve.kvstore.chunk_format import chunk_file_size
+from kvserve.kvstore.chunking import chunk_spans, longest_stored_run, prefix_key
+from kvserve.kvstore.eviction import (
+    DEFAULT_EVICTION_POLICY,
+    EvictionPlan,
+    EvictionPolicy,
+    IncomingStore,
+    eviction_entries,
+    plan_eviction,
+)
+from kvserve.kvstore.manifest import encode_manifest
+from kvserve.kvstore.text_prefix import longest_text_prefix
+
+__all__ = ["CheckpointStore", "ChunkProvider", "ChunkUnavailableError"]
+
+
+class CheckpointStore:
+    def __init__(
+        self,
+        directory: Path,
+        identity: StoreIdentity,
+        budget_bytes: int,
+        *,
+        chunk_tokens: int = 256,
+        policy: EvictionPolicy = DEFAULT_EVICTION_POLICY,
+        protect_loaded_s: float = 600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        assert chunk_tokens > 0 and chunk_tokens % identity.block_size == 0, "chunks are whole blocks"
+        self.identity = identity
+        self.budget_bytes = budget_bytes
+        self.chunk_tokens = chunk_tokens
+        self.policy = policy
+        self.protect_loaded_s = protect_loaded_s
+        self._clock = clock
+        self._files = CheckpointFiles(directory, identity)
+        self._index = self._files.index
+        self._lock = threading.RLock()  # index + file mutations
+        self._save_lock = threading.Lock()  # one save at a time (chunk writes run outside _lock)
+        self._loaded_at: dict[str, float] = {}
+        self._num_loads = self._num_evictions = 0
+        self.evict_to_budget()
+
+    def close(self) -> None:
+        with self._lock:
+            self._files.close()
+
+    def save(
+        self,
+        meta: CheckpointMeta,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        provider: ChunkProvider,
+    ) -> SaveResult:
+        """Store a checkpoint, writing only the chunks not stored yet (evicting first if needed).
+
+        `block_hashes` are the engine's chain hashes of the full blocks of `token_ids` (at
+        least num_tokens // block_size of them). Raises OSError when the disk fails.
+        """
+        checkpoint_id = meta.checkpoint_id
+        if meta.identity != self.identity or meta.num_tokens != len(token_ids) or not token_ids:
+            return SaveResult("incompatible", checkpoint_id)
+        identity = self.identity
+        spans = chunk_spans(
+            token_ids, block_hashes, identity.block_size, self.chunk_tokens, identity.fingerprint
+        )
+        manifest = encode_manifest(meta, token_ids, spans)
+        sizes = {s.key: chunk_file_size(identity, s.num_tokens) for s in spans}
+        with self._save_lock:
+            with self._lock:
+                if self._index.get(checkpoint_id) is not None:
+                    return SaveResult("exists", checkpoint_id)
+                missing = [s for s in spans if s not in self._index.stored_spans(spans)]
+                new_bytes = len(manifest) + sum(sizes[s.key] for s in missing)
+                num_bytes = len(manifest) + sum(sizes.values())
+                incoming = IncomingStore(checkpoint_id, num_bytes, new_bytes, frozenset(sizes))
+                plan = self._evict(incoming, token_ids, block_hashes)
+                if not plan.can_store:
+                    return SaveResult(plan.outcome, checkpoint_id)
+            try:
+                self._write_and_add(meta, manifest, token_ids, spans, missing, sizes, provider)
+            except ChunkUnavailableError:
+                return SaveResult("unavailable", checkpoint_id, evicted_ids=plan.victim_ids)
+        return SaveResult("stored", checkpoint_id, len(missing), new_bytes, plan.victim_ids)
+
+    def _write_and_add(
+        self,
+        meta: CheckpointMeta,
+        manifest: bytes,
+        token_ids: Sequence[int],
+        spans: Sequence[ChunkSpan],
+        missing: Sequence[ChunkSpan],
+        sizes: dict[str, int],
+        provider: ChunkProvider,
+    ) -> None:
+        # New chunk files are referenced by nothing yet, so no lock is needed to write them.
+        written = self._files.write_chunks(missing, token_ids, provider)
+        with self._lock:
+            try:
+                # A chunk counted as stored may have been deleted meanwhile (delete, corruption).
+                stored_now = self._index.stored_spans(spans)
+                late = [s for s in spans if s.key not in written and s not in stored_now]
+                written |= self._files.write_chunks(late, token_ids, provider)
+                self._files.add(meta, manifest, spans, sizes)
+            except BaseException:
+                self._files.discard_chunks(written)
+                raise
+
+    def missing_spans(self, token_ids: Sequence[int], block_hashes: Sequence[int]) -> list[ChunkSpan]:
+        """The chunks of this prefix not stored yet: all the engine needs to copy out for a save
+        (if one is evicted before the save runs, the provider raises ChunkUnavailableError)."""
+        identity = self.identity
+        spans = chunk_spans(
+            token_ids, block_hashes, identity.block_size, self.chunk_tokens, identity.fingerprint
+        )
+        with self._lock:
+            stored = self._index.stored_spans(spans)
+        return [span for span in spans if span not in stored]
+
+    def _evict(
+        self, incoming: IncomingStore | None, token_ids: Sequence[int] = (), block_hashes: Sequence[int] = ()
+    ) -> EvictionPlan:
+        """Plan eviction for `incoming` (None: just fit the budget) and delete the victims."""
+        now = self._clock()
+        identity = self.identity
+
+        def key_at(end: int) -> str:
+            return prefix_key(end, token_ids, block_hashes, identity.block_size, identity.fingerprint)
+
+        entries = eviction_entries(
+            self._index.all(), now, self._loaded_at, self.protect_loaded_s, len(token_ids), key_at
+        )
+        plan = plan_eviction(
+            entries, self._index.chunk_bytes(), self.budget_bytes, now, incoming, self.policy
+        )
+        for victim in plan.victim_ids:
+            self._delete(victim)
+        self._num_evictions += len(plan.victim_ids)
+        return plan
+
+    def evict_to_budget(self) -> list[str]:
+        """Delete lowest-scoring checkpoints until the store fits its budget (e.g. after a cut)."""
+        with self._lock:
+            return list(self._evict(None).victim_ids)
+
+    def lookup_by_text_prefix(self, text: str, max_tokens: int | None = None) -> Checkpoint | None:
+        """The checkpoint with the longest rendered text that is a prefix of `text`."""
+        data = text.encode()
+        with self._lock:
+            candidates = self._index.text_candidates(len(data), max_tokens)
+            best = longest_text_prefix(data, candidates)
+            return None if best is None else self._index.get(best.sha1)
+
+    def lookup_by_block_hashes(self, block_hashes: Sequence[int]) -> ChunkRun | None:
+        """The longest run of stored chunks prefixing a request with these chain hashes."""
+        with self._lock:
+            block_size = self.identity.block_size
+            run = longest_stored_run(block_hashes, block_size, self.chunk_tokens, self._index.stored_spans)
+            if not run:
+                return None
+            return ChunkRun(tuple(run), tuple(self._index.users_of(run[-1].key)))
+
+    def get(self, checkpoint_id: str) -> Checkpoint | None:
+        with self._lock:
+            return self._index.get(checkpoint_id)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        with self._lock:
+            return self._index.all()
+
+    def token_ids(self, checkpoint: Checkpoint | str) -> list[int] | None:
+        """A checkpoint's exact tokens (from its manifest, no KV read): after a text-prefix hit
+        the prompt becomes these + tokenize(rest of the text), whose block hashes then find
+        the checkpoint's chunks."""
+        checkpoint_id = checkpoint if isinstance(checkpoint, str) else checkpoint.checkpoint_id
+        with self._lock:
+            manifest = self._files.read_manifest(checkpoint_id)
+            return None if manifest is None else manifest.token_ids
+
+    def load(self, checkpoint: Checkpoint | str) -> LoadedKV | None:
+        """Read and verify a checkpoint's tokens and KV; None if it is gone or was corrupt
+        (a corrupt entry is deleted). Counts a hit and protects it from eviction for a while."""
+        checkpoint_id = checkpoint if isinstance(checkpoint, str) else checkpoint.checkpoint_id
+        with self._lock:
+            read = self._files.read_checkpoint(checkpoint_id)
+            if read is None:
+                return None
+            manifest, loaded = read
+            self._num_loads += 1
+            self._record_use(manifest.meta, manifest.token_ids, hit=True)
+            return loaded
+
+    def load_run(self, run: ChunkRun) -> LoadedKV | None:
+        """Read and verify the chunks of a block-hash hit; None if any was missing or corrupt."""
+        with self._lock:
+            loaded = self._files.read_run(run.chunks)
+            if loaded is not None:
+                self._num_loads += 1
+                for checkpoint_id in run.checkpoint_ids:
+                    self.hit(checkpoint_id)
+            return loaded
+
+    def verify(self) -> int:
+        """Fully verify every checkpoint (payload hashes included), removing bad ones; returns
+        how many were removed. Reads everything: for `kvserve kv verify`, not for serving."""
+        with self._lock:
+            before = self._files.num_corrupt_removed
+            for checkpoint_id in sorted(self._index.checkpoint_ids()):
+                self._files.read_checkpoint(checkpoint_id)
+            return self._files.num_corrupt_removed - before
+
+    def hit(self, checkpoint_id: str) -> bool:
+        return self.touch(checkpoint_id, hit=True)
+
+    def touch(self, checkpoint_id: str, *, hit: bool = False) -> bool:
+        """Mark a checkpoint used now (counting a hit if `hit`); False if it is gone."""
+        with self._lock:
+            manifest = self._files.read_manifest(checkpoint_id)
+            if manifest is not None:
+                self._record_use(manifest.meta, manifest.token_ids, hit=hit)
+            return manifest is not None
+
+    def _record_use(self, meta: CheckpointMeta, token_ids: Sequence[int], *, hit: bool) -> None:
+        now = self._clock()
+        if hit:
+            self._loaded_at[meta.checkpoint_id] = now
+        self._files.rewrite_manifest(meta.used(now, hit=hit), token_ids)
+
+    def delete(self, checkpoint_id: str) -> bool:
+        with self._lock:
+            return self._delete(checkpoint_id)
+
+    def _delete(self, checkpoint_id: str) -> bool:
+        self._loaded_at.pop(checkpoint_id, None)
+        return self._files.delete(checkpoint_id)
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            index = self._index
+            sizes = (len(index.checkpoint_ids()), len(index.chunk_bytes()), index.total_bytes())
+            return StoreStats(*sizes, self._num_loads, self._num_evictions, self._files.num_corrupt_removed)

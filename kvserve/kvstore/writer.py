@@ -1,0 +1,109 @@
+"""CheckpointWriter: saves checkpoints on a background thread so the engine never waits on disk.
+
+The engine copies a checkpoint's KV out of its blocks (the only work on its thread) and
+submits a SaveJob; a bounded queue keeps a slow disk from piling up copies in memory: when
+it is full the job is dropped (a checkpoint is an optimization, never a correctness need).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvserve.kvstore.checkpoint import CheckpointMeta, SaveResult
+from kvserve.kvstore.checkpoint_store import CheckpointStore, ChunkProvider
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    meta: CheckpointMeta
+    token_ids: Sequence[int]
+    block_hashes: Sequence[int]
+    provider: ChunkProvider  # must read copies, not live KV blocks the engine may reuse
+
+
+@dataclass
+class WriterStats:
+    num_saved: int = 0
+    num_skipped: int = 0  # exists / too large / no room / incompatible
+    num_dropped: int = 0  # queue full or writer closed
+    num_failed: int = 0  # I/O errors (disk full, unwritable directory)
+
+
+class CheckpointWriter:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        max_pending: int = 4,
+        on_result: Callable[[SaveResult], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.stats = WriterStats()
+        self._on_result = on_result
+        self._queue: queue.Queue[SaveJob | None] = queue.Queue(max_pending)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kvstore-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: SaveJob) -> bool:
+        """Queue a save without blocking; False if it was dropped (queue full or closed)."""
+        if self._closed:
+            self.stats.num_dropped += 1
+            return False
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.stats.num_dropped += 1
+            logger.warning(
+                "kvstore: writer busy, dropping %s checkpoint of %d tokens",
+                job.meta.reason,
+                job.meta.num_tokens,
+            )
+            return False
+        return True
+
+    def flush(self) -> None:
+        """Wait until every submitted job has been written (or has failed)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Finish the queued jobs, then stop the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                self._save(job)
+            finally:
+                self._queue.task_done()
+
+    def _save(self, job: SaveJob) -> None:
+        try:
+            result = self.store.save(job.meta, job.token_ids, job.block_hashes, job.provider)
+        except OSError as error:  # disk full or unwritable: skip this store, keep serving
+            self.stats.num_failed += 1
+            logger.warning("kvstore: could not save checkpoint %s: %s", job.meta.checkpoint_id, error)
+            return
+        except Exception:  # the thread's edge: log and keep the writer alive for the next job
+            self.stats.num_failed += 1
+            logger.exception("kvstore: saving checkpoint %s failed", job.meta.checkpoint_id)
+            return
+        if result.status == "stored":
+            self.stats.num_saved += 1
+        else:
+            self.stats.num_skipped += 1
+            logger.info("kvstore: checkpoint %s not stored: %s", result.checkpoint_id, result.status)
+        if self._on_result is not None:
+            self._on_result(result)
