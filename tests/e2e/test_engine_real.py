@@ -21,6 +21,8 @@ QUESTIONS = [
     "Name a famous physicist.",
     "Why is the sky blue?",
 ]
+pytestmark = pytest.mark.model
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 
 
