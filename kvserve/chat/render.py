@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 from jinja2 import nodes
@@ -38,7 +38,7 @@ class _GenerationTag(Extension):
     """`{% generation %}…{% endgeneration %}` marks assistant spans for training masks in HF;
     for inference it only has to render its body."""
 
-    tags = {"generation"}
+    tags: ClassVar[set[str]] = {"generation"}
 
     def parse(self, parser: Any) -> nodes.Node:
         lineno = next(parser.stream).lineno

@@ -198,7 +198,7 @@ class ChatService:
                     yield event
                 if run.is_done:
                     break
-        except Exception as error:  # noqa: BLE001 - the engine boundary: a failure ends this stream only
+        except Exception as error:  # the engine boundary: a failure ends this stream only
             logger.exception("request %s failed in the engine", prepared.request_id)
             yield Failed(f"generation failed: {error}")
             return

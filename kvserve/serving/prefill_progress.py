@@ -20,9 +20,7 @@ LOG_INTERVAL_S = 2.0
 
 
 class PrefillTracker:
-    def __init__(
-        self, request_id: str, num_prompt_tokens: int, clock: Callable[[], float] = time.monotonic
-    ):
+    def __init__(self, request_id: str, num_prompt_tokens: int, clock: Callable[[], float] = time.monotonic):
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
         self.num_computed_tokens = 0

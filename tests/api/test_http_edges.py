@@ -17,7 +17,7 @@ ROUTES = {
 }
 
 
-def _assert_error_shape(path: str, response, status: int) -> dict:  # noqa: ANN001
+def _assert_error_shape(path: str, response, status: int) -> dict:
     assert response.status_code == status, response.text
     body = response.json()
     if path.startswith("/v1/messages"):

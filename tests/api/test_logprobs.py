@@ -15,9 +15,7 @@ TEXT = "Hello there!"
 
 def _expected(k: int) -> list[tuple[str, float, list[str]]]:
     """(token, logprob, top tokens) per character of TEXT, as the FakeEngine scripts them."""
-    return [
-        (c, -(i + 1) / 10, [chr(ord(c) + j) for j in range(k)]) for i, c in enumerate(TEXT)
-    ]
+    return [(c, -(i + 1) / 10, [chr(ord(c) + j) for j in range(k)]) for i, c in enumerate(TEXT)]
 
 
 async def test_chat_logprobs_non_streaming(harness: Harness) -> None:
