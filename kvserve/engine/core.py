@@ -65,6 +65,11 @@ class EngineCore:
     def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
+        vocab_size = self.loaded.arch.vocab_size
+        if any(t >= vocab_size for t, _ in params.logit_bias) or not all(
+            0 <= t < vocab_size for t in prompt_token_ids
+        ):
+            raise ValueError(f"token ids must be in [0, {vocab_size})")
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),

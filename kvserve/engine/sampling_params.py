@@ -38,6 +38,8 @@ class SamplingParams:
             (self.max_tokens >= 1, "max_tokens must be >= 1"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]"),
             (all(math.isfinite(b) for _, b in self.logit_bias), "logit_bias values must be finite"),
+            (all(t >= 0 for t, _ in self.logit_bias), "logit_bias token ids must be >= 0"),
+            (self.seed is None or -(2**63) <= self.seed < 2**64, "seed must fit in 64 bits"),
         ]
         for ok, message in checks:
             if not ok:

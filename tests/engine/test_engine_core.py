@@ -149,3 +149,12 @@ def test_chunked_prefill_reports_progress(tiny_llama_dir: Path) -> None:
     progress = [o.num_computed_tokens for o in outputs if not o.new_token_ids and not o.finished]
     assert progress == [64, 128, 192]  # one per chunk before the last, which samples
     assert sum(len(o.new_token_ids) for o in outputs) == 2
+
+
+def test_out_of_vocabulary_ids_are_rejected_before_queueing(engine: EngineCore) -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="token ids"):
+        engine.make_request("oov", [1, 2, VOCAB], GREEDY)
+    with pytest.raises(ValueError, match="token ids"):
+        engine.make_request("bias", [1, 2], SamplingParams(logit_bias=((VOCAB + 5, 1.0),)))
