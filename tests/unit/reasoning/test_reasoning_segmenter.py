@@ -66,7 +66,10 @@ outputs = st.one_of(
 @given(text=outputs, inside=st.booleans(), cut=st.integers(0, 100))
 def test_random_output_is_kept_and_split_invariant(text: str, inside: bool, cut: int) -> None:
     syntax = SYNTAXES["think"]
-    make = lambda: ReasoningSegmenter(syntax, starts_in_reasoning=inside)
+
+    def make():
+        return ReasoningSegmenter(syntax, starts_in_reasoning=inside)
+
     whole = run(make, [text])
     assert_no_empty_deltas(whole)
     cut %= len(text) + 1

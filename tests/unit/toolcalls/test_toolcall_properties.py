@@ -74,7 +74,9 @@ def _nonspace(text: str) -> str:
 @settings(max_examples=150, deadline=None)
 @given(text=outputs, cut=st.integers(min_value=0, max_value=200))
 def test_random_output_is_kept_and_split_invariant(syntax: str, text: str, cut: int) -> None:
-    make = lambda: get_parser(syntax, TOOLS)
+    def make():
+        return get_parser(syntax, TOOLS)
+
     whole = run(make, [text])
     assert_no_empty_deltas(whole)
     cut %= len(text) + 1
@@ -105,7 +107,10 @@ def test_golden_with_random_prefix_and_chunking(syntax: str, prefix: str, chunks
         for size in chunks * (len(full) // max(1, sum(chunks)) + 1):
             pieces.append(full[pos : pos + size])
             pos += size
-        make = lambda: get_parser(syntax, TOOLS)
+
+        def make():
+            return get_parser(syntax, TOOLS)
+
         assert merged(run(make, pieces)) == merged(run(make, [full]))
 
 
