@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.engine.core import EngineCore
     from kvserve.serving.engine_stats import EngineStats
+
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--data-dir",
         default=None,
         help="where stored responses live (default $XDG_DATA_HOME/kvserve or ~/.local/share/kvserve)",
+    )
+    g.add_argument(
+        "--tool-parser",
+        default=None,
+        choices=sorted(TOOL_SYNTAXES),
+        help="tool-call syntax of the model's output (default: detected from the chat template)",
     )
     add_engine_args(p)
     p.set_defaults(func=run)
@@ -81,6 +89,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
     from kvserve.serving.response_store import ResponseStore
+    from kvserve.serving.segmenter import OutputSyntax
 
     if args.chdir:
         try:
@@ -90,7 +99,11 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     core = build_engine(engine_config_from_args(args))
     engine = AsyncEngineClient(core)
     model_name = args.served_model_name or Path(args.model).stem
-    service = ChatService(engine, core.loaded.tokenizer, core.max_model_len, model_name)
+    syntax = OutputSyntax.detect(core.loaded.tokenizer.chat_template, args.tool_parser)
+    logger.info("model output: %s", syntax.describe())
+    service = ChatService(
+        engine, core.loaded.tokenizer, core.max_model_len, model_name, segmenter_factory=syntax.segmenter
+    )
     settings = ApiSettings(
         served_model_name=model_name,
         api_key=args.api_key,

@@ -54,8 +54,15 @@ def parse_sse(text: str) -> list[tuple[str | None, Any]]:
     return frames
 
 
-def make_harness(engine: FakeEngine, ctx: int = 4096, keepalive_s: float = 5.0, **settings: Any) -> Harness:
-    service = ChatService(engine, FakeTokenizerInfo(), ctx, MODEL, keepalive_s=keepalive_s)
+def make_harness(
+    engine: FakeEngine,
+    ctx: int = 4096,
+    keepalive_s: float = 5.0,
+    segmenter_factory: Any = None,
+    **settings: Any,
+) -> Harness:
+    extra = {} if segmenter_factory is None else {"segmenter_factory": segmenter_factory}
+    service = ChatService(engine, FakeTokenizerInfo(), ctx, MODEL, keepalive_s=keepalive_s, **extra)
     app = create_app(service, ApiSettings(served_model_name=MODEL, **settings))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://kvserve")
     # The SDKs ship their own fork of httpx (httpx2); it has the same ASGI transport.
