@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from kvserve.api.errors import ApiError
-from kvserve.chat.conversation import ImagePart, ReasoningControl
+from kvserve.chat.conversation import ImagePart, ReasoningControl, SamplingOptions
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 # The engine returns at most this many alternatives per token (OpenAI's limit too).
@@ -72,3 +72,20 @@ def arguments_text(arguments: str | dict[str, Any] | Any) -> str:
     if isinstance(arguments, str):
         return arguments
     return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def openai_sampling(wire: Any, logprobs: int | None) -> SamplingOptions:
+    """The sampling fields Chat Completions and Completions share (same names on both wires)."""
+    return SamplingOptions(
+        temperature=wire.temperature,
+        top_p=wire.top_p,
+        top_k=wire.top_k,
+        min_p=wire.min_p,
+        seed=wire.seed,
+        presence_penalty=wire.presence_penalty,
+        frequency_penalty=wire.frequency_penalty,
+        repetition_penalty=wire.repetition_penalty,
+        logprobs=logprobs,
+        logit_bias=logit_bias(wire.logit_bias),
+        ignore_eos=wire.ignore_eos,
+    )

@@ -11,9 +11,9 @@ from kvserve.api.openai_chat.schema import ChatCompletionRequest, ChatMessage, C
 from kvserve.api.request_fields import (
     arguments_text,
     image_part,
-    logit_bias,
     max_tokens,
     new_id,
+    openai_sampling,
     reasoning_from_effort,
     stop_list,
     top_logprobs,
@@ -27,7 +27,6 @@ from kvserve.chat.conversation import (
     Part,
     ReasoningPart,
     Role,
-    SamplingOptions,
     TextPart,
     ToolCallPart,
     ToolChoice,
@@ -70,19 +69,7 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
         raise ApiError(400, "messages must not be empty", param="messages")
     limit = wire.max_completion_tokens if wire.max_completion_tokens is not None else wire.max_tokens
     options = GenerationOptions(
-        sampling=SamplingOptions(
-            temperature=wire.temperature,
-            top_p=wire.top_p,
-            top_k=wire.top_k,
-            min_p=wire.min_p,
-            seed=wire.seed,
-            presence_penalty=wire.presence_penalty,
-            frequency_penalty=wire.frequency_penalty,
-            repetition_penalty=wire.repetition_penalty,
-            logprobs=_logprobs(wire),
-            logit_bias=logit_bias(wire.logit_bias),
-            ignore_eos=wire.ignore_eos,
-        ),
+        sampling=openai_sampling(wire, _logprobs(wire)),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(limit, "max_tokens"),
     )

@@ -8,9 +8,9 @@ from typing import Any
 from kvserve.api.errors import ApiError
 from kvserve.api.openai_chat.adapter import usage_json
 from kvserve.api.openai_completions.schema import CompletionRequest
-from kvserve.api.request_fields import logit_bias, max_tokens, stop_list, top_logprobs
+from kvserve.api.request_fields import max_tokens, openai_sampling, stop_list, top_logprobs
 from kvserve.api.sse import DONE, KEEPALIVE, data_frame
-from kvserve.chat.conversation import GenerationOptions, SamplingOptions, TextRequest
+from kvserve.chat.conversation import GenerationOptions, TextRequest
 from kvserve.serving.events import (
     Failed,
     Finished,
@@ -37,19 +37,7 @@ def to_text_request(wire: CompletionRequest) -> TextRequest:
     else:
         prompt = wire.prompt
     options = GenerationOptions(
-        sampling=SamplingOptions(
-            temperature=wire.temperature,
-            top_p=wire.top_p,
-            top_k=wire.top_k,
-            min_p=wire.min_p,
-            seed=wire.seed,
-            presence_penalty=wire.presence_penalty,
-            frequency_penalty=wire.frequency_penalty,
-            repetition_penalty=wire.repetition_penalty,
-            logprobs=top_logprobs(wire.logprobs, "logprobs"),
-            logit_bias=logit_bias(wire.logit_bias),
-            ignore_eos=wire.ignore_eos,
-        ),
+        sampling=openai_sampling(wire, top_logprobs(wire.logprobs, "logprobs")),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(wire.max_tokens, "max_tokens"),
     )
