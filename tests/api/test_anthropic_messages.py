@@ -22,7 +22,7 @@ from tests.api.conftest import MODEL, Harness, make_harness, parse_sse
 from tests.api.fake_engine import FakeEngine, reply
 
 USER = [{"role": "user", "content": "Hi"}]
-FIXTURES = Path("/work/shared/fixtures/clients")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "clients"
 
 
 async def test_non_streaming_message(harness: Harness) -> None:

@@ -313,9 +313,12 @@ def test_claude_code_bare_first_request_is_streamed(real_server: RealServer) -> 
     max_tokens cut from 32000 so a CPU run stays short."""
     from tests.api.conftest import parse_sse
 
-    fixture = Path("/work/shared/fixtures/clients/claude-code-2.1.197-bare_messages.json")
-    if not fixture.is_file():
-        pytest.skip("client fixtures are not available")
+    fixture = (
+        Path(__file__).resolve().parents[1]
+        / "fixtures"
+        / "clients"
+        / "claude-code-2.1.197-bare_messages.json"
+    )
     body = {**json.loads(fixture.read_text()), "max_tokens": 12}
     with httpx.Client(base_url=real_server.url, timeout=120) as client:
         assert client.head("/").status_code == 200

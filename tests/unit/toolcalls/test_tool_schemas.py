@@ -18,7 +18,7 @@ from kvserve.chat.tools import (
     tools_from_responses,
 )
 
-FIXTURES = Path("/work/shared/fixtures/clients")
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "clients"
 SCHEMA = {
     "type": "object",
     "properties": {"path": {"type": "string", "description": "où — 😀"}},
@@ -115,7 +115,6 @@ def test_bad_tools_raise_with_the_body_path(convert, tools, param) -> None:  # t
     assert caught.value.param == param
 
 
-@pytest.mark.skipif(not FIXTURES.exists(), reason="client fixtures not present")
 def test_codex_and_claude_code_tools_convert_and_render() -> None:
     codex = json.loads((FIXTURES / "codex-0.171.0_responses.json").read_text())
     claude = json.loads((FIXTURES / "claude-code-2.1.332_messages.json").read_text())
