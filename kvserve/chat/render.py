@@ -15,11 +15,12 @@ from functools import lru_cache
 from typing import Any, ClassVar
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kvserve.chat.conversation import ChatRequest, ImagePart, Message, TextPart, ToolResultPart
+from kvserve.chat.hermes_tools import hermes_messages
 
 # Used when the model file has no template (base models): plain ChatML.
 CHATML_TEMPLATE = (
@@ -67,15 +68,26 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-@lru_cache(maxsize=8)
-def _compile(source: str) -> jinja2.Template:
+@lru_cache(maxsize=1)
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, "jinja2.ext.loopcontrols"]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return env
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str) -> jinja2.Template:
+    return _environment().from_string(source)
+
+
+@lru_cache(maxsize=8)
+def renders_tools(source: str) -> bool:
+    """Whether a template reads the `tools` variable (a free variable of the template, not a local)."""
+    return "tools" in meta.find_undeclared_variables(_environment().parse(source))
 
 
 class ChatRenderer:
@@ -88,14 +100,20 @@ class ChatRenderer:
             self._template = _compile(self.template_source)
         except jinja2.TemplateSyntaxError as error:
             raise ValueError(f"the model's chat template does not compile: {error}") from error
+        # A template that ignores `tools` (SmolLM2's ChatML, the fallback above) gets the tools, calls
+        # and results written into the messages Hermes-style instead (chat/hermes_tools.py).
+        self.renders_tools = renders_tools(self.template_source)
 
     def render(self, request: ChatRequest, add_generation_prompt: bool = True) -> str:
+        messages = request.messages
+        if not self.renders_tools:
+            messages = hermes_messages(messages, request.active_tools)
         context: dict[str, Any] = {
             **self.special_tokens,
-            "messages": to_template_messages(request.messages),
+            "messages": to_template_messages(messages),
             "add_generation_prompt": add_generation_prompt,
         }
-        if request.active_tools:
+        if request.active_tools and self.renders_tools:
             context["tools"] = [
                 {
                     "type": "function",

@@ -134,7 +134,11 @@ async def test_message_shapes_reach_the_prompt(harness: Harness) -> None:
     )
     prompt = harness.service.detokenize(harness.engine.requests[0][0])
     assert "<|im_start|>system\nBe brief.<|im_end|>" in prompt
-    assert "part one, two" in prompt and "<|im_start|>tool\nresult!<|im_end|>" in prompt
+    assert "part one, two" in prompt
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>' in prompt
+    )
+    assert "<|im_start|>user\n<tool_response>\nresult!\n</tool_response><|im_end|>" in prompt
     assert "<|im_start|>system\nlate system<|im_end|>" in prompt
 
 

@@ -175,7 +175,12 @@ async def test_input_items_render(harness: Harness) -> None:
         ],
     )
     prompt = harness.service.detokenize(harness.engine.requests[0][0])
-    assert "<|im_start|>system\ndev<|im_end|>" in prompt and "<|im_start|>tool\na.txt<|im_end|>" in prompt
+    # the tools block is merged into the developer message (Hermes-style fallback for SmolLM2)
+    assert (
+        "<|im_start|>system\ndev\n\n# Tools\n\n" in prompt and '{"name": "exec", "description": ""' in prompt
+    )
+    assert "web_search" not in prompt
+    assert "<|im_start|>user\n<tool_response>\na.txt\n</tool_response><|im_end|>" in prompt
 
 
 @pytest.mark.parametrize(
