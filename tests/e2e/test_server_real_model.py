@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +14,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+
+from tests.live_uvicorn import serve_in_thread
 
 pytestmark = pytest.mark.model
 
@@ -30,7 +30,6 @@ class RealServer:
 
 @pytest.fixture(scope="module")
 def real_server() -> Iterator[RealServer]:
-    import uvicorn
 
     from kvserve.models.aliases import list_known_models
 
@@ -53,17 +52,8 @@ def real_server() -> Iterator[RealServer]:
     app = create_app(
         service, ApiSettings(served_model_name="smollm2"), engine_stats=lambda: _engine_stats(core)
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield RealServer(f"http://127.0.0.1:{port}", core)
-    server.should_exit = True
-    thread.join(10)
+    with serve_in_thread(app) as (url, _):
+        yield RealServer(url, core)
     engine.shutdown()
 
 
