@@ -51,7 +51,7 @@ def run_engine(args: argparse.Namespace) -> None:
     for n, ours_v in ours.prefill_tok_s.items():
         _row(table, f"prefill {n} tok (tok/s)", ours_v, peer, "prefill_tok_s", n)
     for c, ours_v in ours.decode_tok_s.items():
-        _row(table, f"decode x{c} (tok/s)", ours_v, peer, "decode_tok_s", 1 if c > 1 else c)
+        _row(table, f"decode x{c} (tok/s)", ours_v, peer, "decode_tok_s", min(c, 1))
     console = Console()
     console.print(table)
     if isinstance(peer, str):
@@ -72,7 +72,7 @@ def run_engine(args: argparse.Namespace) -> None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def _row(table, label: str, ours: float, peer, attr: str, key: int) -> None:  # noqa: ANN001
+def _row(table, label: str, ours: float, peer, attr: str, key: int) -> None:
     theirs = getattr(peer, attr).get(key) if peer is not None and not isinstance(peer, str) else None
     ratio = f"{ours / theirs:.2f}x" if theirs else "-"
     table.add_row(label, f"{ours:.1f}", f"{theirs:.1f}" if theirs else "-", ratio)

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> None:
     stream_tokens(engine, token_ids, params)
 
 
-def stream_tokens(engine, token_ids: list[int], params) -> str:  # noqa: ANN001 - EngineCore, SamplingParams
+def stream_tokens(engine, token_ids: list[int], params) -> str:
     """Run one request on the engine, printing text as it becomes complete; returns the text."""
     request = engine.make_request(uuid.uuid4().hex, token_ids, params)
     detok = IncrementalDetokenizer(engine.loaded.tokenizer.tokenizer, token_ids)

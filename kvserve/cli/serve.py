@@ -27,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="serve the model over HTTP (OpenAI Chat/Completions/Responses, Anthropic)"
     )
+    add_serve_args(p)
+    p.set_defaults(func=run)
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """The server and engine flags; also used by commands that embed a server (`cli/embedded.py`)."""
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     g.add_argument("--port", type=int, default=8000)
@@ -57,7 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tool-call syntax of the model's output (default: detected from the chat template)",
     )
     add_engine_args(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:

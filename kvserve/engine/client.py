@@ -97,7 +97,7 @@ class AsyncEngineClient:
             while self._handle_inbox(block=not self.core.has_unfinished_requests()):
                 if self.core.has_unfinished_requests():
                     self._dispatch(self.core.step())
-        except BaseException as error:  # noqa: BLE001 - the thread edge: fail every waiter, log once
+        except BaseException as error:
             logger.exception("engine thread failed")
             self._dead = error
             for add in self._streams.values():

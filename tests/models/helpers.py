@@ -11,15 +11,15 @@ from torch import nn
 
 from kvserve.models.layers.attention.metadata import AttentionMetadata, forward_context
 
-TINY = dict(
-    vocab_size=384,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
+TINY = {
+    "vocab_size": 384,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
 
 
 def tiny_hf_config(family: str):  # -> transformers.PretrainedConfig

@@ -17,7 +17,7 @@ from kvserve.cli.main import main
         (lambda tmp: _mkdir(tmp / "folder"), "has no config.json"),
     ],
 )
-def test_bad_model_exits_with_a_one_line_error(tmp_path: Path, make_model, expected: str) -> None:  # noqa: ANN001
+def test_bad_model_exits_with_a_one_line_error(tmp_path: Path, make_model, expected: str) -> None:
     model = make_model(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "-m", str(model), "-p", "hi", "--device", "cpu", "--dtype", "float32"])

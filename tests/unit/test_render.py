@@ -38,7 +38,7 @@ TOOLS_TEMPLATE = """{{ bos_token }}
 {%- if message.reasoning_content %}(r:{{ message.reasoning_content }}){% endif %}
 </{{ message.role }}>
 {% endfor %}
-{%- if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}{% endif %}"""  # noqa: E501
+{%- if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}{% endif %}"""
 
 
 def _user(text: str) -> Message:

@@ -71,6 +71,6 @@ def test_random_chunkings_agree_with_whole_text(text: str, stop: list[str], size
     whole = _run([text], stop)[:2]
     assert _run(chunks, stop)[:2] == whole
     assert _run(list(text), stop)[:2] == whole
-    out, stopped, pieces = _run(chunks, stop)
+    out, _stopped, _pieces = _run(chunks, stop)
     # Nothing emitted ever contains a stop string.
     assert not any(s in out for s in stop)
