@@ -39,7 +39,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 $(VENV)/.llama-cpp-stamp: $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --no-cache-dir llama-cpp-python==0.3.36
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --no-cache-dir 'llama-cpp-python[server]==0.3.36'
 	touch $@
 
 bench-peer: $(VENV)/.llama-cpp-stamp
