@@ -199,8 +199,9 @@ class CheckpointStore:
         return plan
 
     def evict_to_budget(self) -> list[str]:
-        """Delete lowest-scoring checkpoints until the store fits its budget (e.g. after a cut)."""
-        with self._lock:
+        """Delete lowest-scoring checkpoints until the store fits its budget (e.g. after a cut).
+        Waits for a save in flight: its plan counted on the chunks it reuses staying."""
+        with self._save_lock, self._lock:
             return list(self._evict(None).victim_ids)
 
     def lookup_by_text_prefix(self, text: str, max_tokens: int | None = None) -> Checkpoint | None:
