@@ -11,16 +11,14 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvserve.cli import kv_format as fmt
 from kvserve.kvstore.cache_dir import CacheDirBusyError, DirLock, default_cache_dir
-from kvserve.kvstore.eviction import DEFAULT_EVICTION_POLICY, effective_hits
 from kvserve.kvstore.inventory import Inventory, InventoryEntry, remove_checkpoints, scan
 from kvserve.kvstore.prune import PruneFilter, parse_duration, plan_prune
 from kvserve.kvstore.verify import fix, verify
@@ -104,115 +102,40 @@ def _lock(directory: Path) -> DirLock:
         raise KVCommandError(f"{error}; stop it first (or use --dry-run / a read-only command)") from error
 
 
-# ---- formatting -------------------------------------------------------------------------
-
-
-def _size(num_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if num_bytes < 1024 or unit == "GiB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1024
-    raise AssertionError
-
-
-def _ago(when: float, now: float) -> str:
-    seconds = max(0.0, now - when)
-    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= length:
-            return f"{seconds // length:.0f}{unit} ago"
-    return f"{seconds:.0f}s ago"
-
-
-def _iso(when: float) -> str:
-    return datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-_SHORT_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
-
-
-def _model(entry: InventoryEntry) -> str:
-    identity = entry.checkpoint.meta.identity
-    return f"{identity.fingerprint[:10]}/{_SHORT_DTYPES.get(identity.dtype, identity.dtype)}"
-
-
-def _console() -> Console:
-    # Piped output keeps whole rows (rich would wrap every cell at 80 columns).
-    return Console(width=None if sys.stdout.isatty() else 160)
-
-
-def _record(entry: InventoryEntry, now: float) -> dict[str, Any]:
-    meta = entry.checkpoint.meta
-    identity = meta.identity
-    return {
-        "id": entry.checkpoint_id,
-        "reason": meta.reason,
-        "num_tokens": meta.num_tokens,
-        "text_sha1": meta.text.sha1,
-        "text_bytes": meta.text.num_bytes,
-        "marginal_bytes": entry.marginal_bytes,
-        "total_bytes": entry.checkpoint.num_bytes,
-        "manifest_bytes": entry.checkpoint.manifest_bytes,
-        "num_chunks": len(entry.checkpoint.chunks),
-        "hits": meta.hits,
-        "effective_hits": effective_hits(
-            meta.hits, meta.last_used, meta.created, now, DEFAULT_EVICTION_POLICY
-        ),
-        "created": meta.created,
-        "last_used": meta.last_used,
-        "model_fingerprint": identity.fingerprint,
-        "dtype": identity.dtype,
-        "layout": {k: getattr(identity, k) for k in ("num_layers", "num_kv_heads", "head_dim", "block_size")},
-    }
-
-
-def _totals(inventory: Inventory) -> dict[str, Any]:
-    return {
-        "num_checkpoints": len(inventory.entries),
-        "bytes_on_disk": inventory.total_bytes,
-        "num_unique_chunks": len(inventory.chunk_sizes),
-        "logical_bytes": inventory.logical_bytes,
-        "dedup_ratio": round(inventory.dedup_ratio, 3),
-        "num_unreadable_manifests": len(inventory.unreadable),
-    }
-
-
-# ---- commands ---------------------------------------------------------------------------
-
-
 def _ls(args: argparse.Namespace, directory: Path) -> int:
     inventory = _inventory(directory)
     now = time.time()
     entries = sorted(inventory.entries, key=lambda e: e.checkpoint.meta.last_used, reverse=True)
     if args.json:
-        document = {"directory": str(directory), "checkpoints": [_record(e, now) for e in entries]}
-        print(json.dumps(document | {"totals": _totals(inventory)}, indent=2))
+        document = {"directory": str(directory), "checkpoints": [fmt.record(e, now) for e in entries]}
+        print(json.dumps(document | {"totals": fmt.totals(inventory)}, indent=2))
         return 0
-    console = _console()
+    console = fmt.console()
     table = Table(
         "id", "reason", "tokens", "marginal", "total", "hits", "eff. hits", "created", "last used", "model"
     )
     for entry in entries:
-        record = _record(entry, now)
+        record = fmt.record(entry, now)
         table.add_row(
             entry.checkpoint_id[:12],
             record["reason"],
             f"{record['num_tokens']:,}",
-            _size(record["marginal_bytes"]),
-            _size(record["total_bytes"]),
+            fmt.size(record["marginal_bytes"]),
+            fmt.size(record["total_bytes"]),
             str(record["hits"]),
             f"{record['effective_hits']:.2f}",
-            _ago(record["created"], now),
-            _ago(record["last_used"], now),
-            _model(entry),
+            fmt.ago(record["created"], now),
+            fmt.ago(record["last_used"], now),
+            fmt.model(entry),
         )
     console.print(f"KV cache {escape(str(directory))}", highlight=False)
     if entries:
         console.print(table)
-    totals = _totals(inventory)
+    totals = fmt.totals(inventory)
     console.print(
-        f"{totals['num_checkpoints']} checkpoints, {_size(totals['bytes_on_disk'])} on disk, "
+        f"{totals['num_checkpoints']} checkpoints, {fmt.size(totals['bytes_on_disk'])} on disk, "
         f"{totals['num_unique_chunks']} unique chunks, dedup {totals['dedup_ratio']:.2f}x "
-        f"({_size(totals['logical_bytes'])} without sharing)",
+        f"({fmt.size(totals['logical_bytes'])} without sharing)",
         highlight=False,
     )
     if inventory.unreadable:
@@ -236,7 +159,7 @@ def _show(args: argparse.Namespace, directory: Path) -> int:
     inventory = _inventory(directory)
     entry = _resolve(inventory, args.checkpoint_id)
     now = time.time()
-    record = _record(entry, now)
+    record = fmt.record(entry, now)
     users = inventory.chunk_users()
     chunks = [
         {
@@ -251,13 +174,13 @@ def _show(args: argparse.Namespace, directory: Path) -> int:
     if args.json:
         print(json.dumps(record | {"chunks": chunks}, indent=2))
         return 0
-    console = _console()
+    console = fmt.console()
     table = Table("field", "value", show_header=False)
     for key, value in record.items():
         if key in ("created", "last_used"):
-            value = f"{_iso(value)} ({_ago(value, now)})"
+            value = f"{fmt.iso(value)} ({fmt.ago(value, now)})"
         elif key.endswith("_bytes") and key != "text_bytes":
-            value = f"{_size(value)} ({value:,} bytes)"
+            value = f"{fmt.size(value)} ({value:,} bytes)"
         elif key == "effective_hits":
             value = f"{value:.3f}"
         table.add_row(key, escape(str(value)))
@@ -270,7 +193,7 @@ def _show(args: argparse.Namespace, directory: Path) -> int:
     chunk_table = Table("#", "key", "tokens", "size", "used by")
     shown = chunks if len(chunks) <= 12 else chunks[:6] + chunks[-6:]
     for c in shown:
-        size = "missing" if c["bytes"] is None else _size(c["bytes"])
+        size = "missing" if c["bytes"] is None else fmt.size(c["bytes"])
         position = chunks.index(c)
         chunk_table.add_row(str(position), c["key"][:16], f"{c['start']}-{c['end']}", size, str(c["users"]))
     console.print(chunk_table)
@@ -317,7 +240,7 @@ def _rm(args: argparse.Namespace, directory: Path) -> int:
 
 
 def _remove(inventory: Inventory, ids: Sequence[str], *, dry_run: bool) -> int:
-    console = _console()
+    console = fmt.console()
     by_id = {entry.checkpoint_id: entry for entry in inventory.entries}
     verb = "would remove" if dry_run else "removed"
     for checkpoint_id in ids:
@@ -325,7 +248,7 @@ def _remove(inventory: Inventory, ids: Sequence[str], *, dry_run: bool) -> int:
         meta = entry.checkpoint.meta
         console.print(
             f"{verb} {checkpoint_id[:12]}  {meta.reason:<9} {meta.num_tokens:>8,} tokens  "
-            f"frees {_size(entry.marginal_bytes)}",
+            f"frees {fmt.size(entry.marginal_bytes)}",
             highlight=False,
         )
     if dry_run:
@@ -334,7 +257,7 @@ def _remove(inventory: Inventory, ids: Sequence[str], *, dry_run: bool) -> int:
     removal = remove_checkpoints(inventory, ids)
     console.print(
         f"removed {removal.num_checkpoints} checkpoints and {removal.num_chunks} chunks, "
-        f"freed {_size(removal.num_bytes)}",
+        f"freed {fmt.size(removal.num_bytes)}",
         highlight=False,
     )
     return 0
@@ -345,7 +268,7 @@ def _verify(args: argparse.Namespace, directory: Path) -> int:
     try:
         inventory = _inventory(directory)
         report = verify(inventory)
-        console = _console()
+        console = fmt.console()
         identity = report.identity
         model = "empty" if identity is None else f"model {identity.fingerprint} ({identity.dtype})"
         console.print(

@@ -106,7 +106,7 @@ def test_unknown_ids_and_missing_directories_are_clear_errors(cache, capsys, tmp
         ("prune", "--kv-cache-dir", str(directory)),  # no criterion
         ("rm", "--kv-cache-dir", str(directory)),  # neither ids nor --all
     ):
-        code, out, err = kv(capsys, *args)
+        code, _, err = kv(capsys, *args)
         assert code == 1 and "error:" in err and "Traceback" not in err, args
     code, _, err = kv(capsys, "show", "", "--kv-cache-dir", str(directory))
     assert code == 1 and "ambiguous" in err
@@ -127,7 +127,7 @@ def test_rm_removes_only_chunks_no_one_else_uses_and_keeps_the_index_in_step(cac
 
 
 def test_editing_commands_refuse_while_a_server_holds_the_directory(cache, capsys) -> None:
-    directory, convs = cache
+    directory, _ = cache
     server = open_store(directory)  # an open store holds the directory's shared lock
     for args in (("rm", "--all"), ("prune", "--model", "test"), ("verify", "--fix")):
         code, _, err = kv(capsys, *args, "--kv-cache-dir", str(directory))
@@ -213,6 +213,7 @@ def test_python_m_kvserve_kv_runs_as_a_process(cache, tmp_path) -> None:
     directory, _ = cache
     run = subprocess.run(
         [sys.executable, "-m", "kvserve", "kv", "ls", "--kv-cache-dir", str(directory)],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -220,6 +221,7 @@ def test_python_m_kvserve_kv_runs_as_a_process(cache, tmp_path) -> None:
     assert run.returncode == 0 and "3 checkpoints" in run.stdout
     missing = subprocess.run(
         [sys.executable, "-m", "kvserve", "kv", "verify", "--kv-cache-dir", str(tmp_path / "none")],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
