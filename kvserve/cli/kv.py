@@ -10,9 +10,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from rich.markup import escape
 from rich.table import Table
@@ -70,11 +71,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     rm.set_defaults(func=_guarded(_rm))
 
 
-def _guarded(command: Any) -> Any:
-    def run(args: argparse.Namespace) -> None:
+Command = Callable[[argparse.Namespace, Path], int]
+
+
+def _guarded(command: Command) -> Callable[[argparse.Namespace], NoReturn]:
+    """The command's edge: user mistakes and I/O errors become one line and exit status 1."""
+
+    def run(args: argparse.Namespace) -> NoReturn:
         try:
             status = command(args, args.kv_cache_dir or default_cache_dir())
-        except (KVCommandError, CacheDirBusyError, OSError) as error:
+        except (KVCommandError, OSError) as error:
             _fail(str(error))
         sys.exit(status)
 
@@ -95,11 +101,20 @@ def _inventory(directory: Path) -> Inventory:
         raise KVCommandError(f"{directory} is not a kvserve KV cache directory") from error
 
 
-def _lock(directory: Path) -> DirLock:
+@contextmanager
+def _editing(directory: Path, *, enabled: bool = True) -> Iterator[None]:
+    """Hold the directory's exclusive lock while editing it (a missing directory errors later)."""
+    if not enabled or not directory.is_dir():
+        yield
+        return
     try:
-        return DirLock(directory, exclusive=True)
+        lock = DirLock(directory, exclusive=True)
     except CacheDirBusyError as error:
         raise KVCommandError(f"{error}; stop it first (or use --dry-run / a read-only command)") from error
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _ls(args: argparse.Namespace, directory: Path) -> int:
@@ -207,8 +222,7 @@ def _prune(args: argparse.Namespace, directory: Path) -> int:
         raise KVCommandError("prune needs --budget-mb, --older-than or --model")
     if args.budget_mb is not None and args.budget_mb < 0:
         raise KVCommandError("--budget-mb must be >= 0")
-    lock = None if args.dry_run else _lock(directory) if directory.is_dir() else None
-    try:
+    with _editing(directory, enabled=not args.dry_run):
         inventory = _inventory(directory)
         budget = None if args.budget_mb is None else int(args.budget_mb * MIB)
         plan = plan_prune(inventory, time.time(), budget, PruneFilter(args.older_than, args.model))
@@ -218,25 +232,18 @@ def _prune(args: argparse.Namespace, directory: Path) -> int:
                 "nothing removed"
             )
         return _remove(inventory, plan.victim_ids, dry_run=args.dry_run)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _rm(args: argparse.Namespace, directory: Path) -> int:
     if args.all == bool(args.checkpoint_ids):
         raise KVCommandError("give checkpoint ids or --all (not both)")
-    lock = _lock(directory) if directory.is_dir() else None
-    try:
+    with _editing(directory):
         inventory = _inventory(directory)
         if args.all:
             ids: Sequence[str] = [entry.checkpoint_id for entry in inventory.entries]
-        else:
-            ids = [_resolve(inventory, prefix).checkpoint_id for prefix in args.checkpoint_ids]
+        else:  # every id resolved before anything is removed; duplicates once
+            ids = list(dict.fromkeys(_resolve(inventory, p).checkpoint_id for p in args.checkpoint_ids))
         return _remove(inventory, ids, dry_run=False)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _remove(inventory: Inventory, ids: Sequence[str], *, dry_run: bool) -> int:
@@ -264,8 +271,7 @@ def _remove(inventory: Inventory, ids: Sequence[str], *, dry_run: bool) -> int:
 
 
 def _verify(args: argparse.Namespace, directory: Path) -> int:
-    lock = _lock(directory) if args.fix and directory.is_dir() else None
-    try:
+    with _editing(directory, enabled=args.fix):
         inventory = _inventory(directory)
         report = verify(inventory)
         console = fmt.console()
@@ -285,7 +291,7 @@ def _verify(args: argparse.Namespace, directory: Path) -> int:
             table.add_row(problem.kind, escape(str(relative)), escape(problem.why))
         console.print(table)
         if not args.fix:
-            if lock is None and _is_busy(directory):
+            if _is_busy(directory):
                 console.print(
                     "note: a server is using this directory; files it is writing may show as orphans"
                 )
@@ -294,9 +300,6 @@ def _verify(args: argparse.Namespace, directory: Path) -> int:
         fix(inventory, report)
         console.print(f"fixed: removed {len(report.problems)} bad files and rebuilt the index")
         return 0
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _is_busy(directory: Path) -> bool:

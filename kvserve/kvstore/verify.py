@@ -67,7 +67,11 @@ def verify(inventory: Inventory) -> VerifyReport:
         else:
             problems.append(problem)
     bad_keys = {span.key: why for span, why in chunk_errors.items() if why is not None}
-    problems += [Problem("corrupt", inventory.chunk_path(key), why) for key, why in sorted(bad_keys.items())]
+    problems += [
+        Problem("corrupt", inventory.chunk_path(key), why)
+        for key, why in sorted(bad_keys.items())
+        if key in inventory.chunk_sizes
+    ]
     used = inventory.chunk_users()
     problems += [
         Problem("orphan", inventory.chunk_path(key), "no checkpoint uses it")
@@ -104,7 +108,7 @@ def _check_entry(
 
 def _chunk_error(chunks: ChunkStore, span: ChunkSpan, token_ids: Sequence[int]) -> str | None:
     if not chunks.path(span.key).exists():
-        return None  # reported on the manifest; there is no file to blame
+        return "missing"  # reported on the manifests using it: there is no file to blame
     try:
         chunk_tokens, _ = chunks.read(span)
     except CorruptChunkError as error:

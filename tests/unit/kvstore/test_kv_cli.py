@@ -229,3 +229,16 @@ def test_python_m_kvserve_kv_runs_as_a_process(cache, tmp_path) -> None:
     assert (
         missing.returncode == 1 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
     )
+
+
+def test_verify_reports_a_missing_chunk_on_every_checkpoint_using_it(cache, capsys) -> None:
+    directory, convs = cache
+    store = open_store(directory)
+    shared_key = store.get(cid(convs["cold"])).chunks[3].key  # [48, 64): cold and continued
+    store.close()
+    (directory / "chunks" / f"{shared_key}.kvc").unlink()
+    code, out, _ = kv(capsys, "verify", "--kv-cache-dir", str(directory))
+    assert code == 1 and out.count(f"its chunk {shared_key} is missing") == 2
+    assert "1 checkpoints and 5 chunks verified" in out  # evict: the 3 shared chunks and its own 2
+    assert kv(capsys, "verify", "--fix", "--kv-cache-dir", str(directory))[0] == 0
+    assert [p.stem for p in (directory / "checkpoints").iterdir()] == [cid(convs["evict"])]
