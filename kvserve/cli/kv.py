@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--kv-cache-dir",
         type=Path,
         default=None,
+        metavar="DIR",
         help=f"cache directory (default {default_cache_dir()})",
     )
     p = sub.add_parser("kv", help="inspect and edit the disk KV cache")
@@ -50,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=_guarded(_show))
     prune = kv_sub.add_parser("prune", parents=[common], help="remove checkpoints by budget, age or model")
     prune.add_argument(
-        "--budget-mb", type=float, help="evict by the server's policy until the cache fits N MiB"
+        "--budget-mb", type=float, metavar="N", help="evict by the server's policy until the cache fits N MiB"
     )
     prune.add_argument(
         "--older-than", type=parse_duration, metavar="DURATION", help="last used before (7d, 12h, 30m)"
