@@ -4,6 +4,7 @@ once; a derived SQLite index; a scored eviction policy and save-trigger policy (
 and a background writer. Never imports the engine: the engine hands it tensors and hashes.
 """
 
+from kvserve.kvstore.cache_dir import CacheDirBusyError, default_cache_dir
 from kvserve.kvstore.checkpoint import (
     ANCHOR_REASONS,
     SAVE_REASONS,
@@ -33,6 +34,7 @@ from kvserve.kvstore.writer import CheckpointWriter, SaveJob, WriterStats
 __all__ = [
     "ANCHOR_REASONS",
     "SAVE_REASONS",
+    "CacheDirBusyError",
     "Checkpoint",
     "CheckpointMeta",
     "CheckpointStore",
@@ -56,4 +58,5 @@ __all__ = [
     "cold_cut",
     "cold_store_len",
     "continued_frontier",
+    "default_cache_dir",
 ]

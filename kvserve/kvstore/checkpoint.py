@@ -167,9 +167,11 @@ class StoreStats:
     num_loads: int
     num_evictions: int
     num_corrupt_removed: int
+    num_disk_errors: int = 0  # stores and bookkeeping writes skipped for a disk error
 
 
-SaveStatus = Literal["stored", "exists", "too_large", "no_room", "incompatible", "unavailable"]
+# failed: a disk error (full, read-only); the store logged it and keeps serving.
+SaveStatus = Literal["stored", "exists", "too_large", "no_room", "incompatible", "unavailable", "failed"]
 
 
 @dataclass(frozen=True)

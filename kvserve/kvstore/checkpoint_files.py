@@ -9,6 +9,7 @@ chunk files are referenced by nothing until their manifest is added).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from kvserve.kvstore.atomic_file import ensure_private_dir
 from kvserve.kvstore.checkpoint import CheckpointMeta, ChunkSpan, LoadedKV, StoreIdentity
 from kvserve.kvstore.chunk_format import CorruptChunkError, identity_digest
 from kvserve.kvstore.chunk_store import ChunkStore
+from kvserve.kvstore.disk_errors import DiskErrorLog
 from kvserve.kvstore.manifest import (
     CorruptManifestError,
     IncompatibleManifestError,
@@ -48,6 +50,7 @@ class CheckpointFiles:
         tag = identity_digest(identity).hex()
         self.index = open_index(directory / "index.sqlite", tag, self.manifests, self.chunks)
         self.num_corrupt_removed = 0
+        self.disk_errors = DiskErrorLog(directory)
 
     def close(self) -> None:
         self.index.close()
@@ -78,7 +81,11 @@ class CheckpointFiles:
     ) -> None:
         """Commit a checkpoint whose chunks are all on disk: manifest file, then index."""
         self.manifests.write(meta.checkpoint_id, manifest)
-        self.index.add(meta, spans, len(manifest), sizes)
+        try:
+            self.index.add(meta, spans, len(manifest), sizes)
+        except BaseException:
+            self.manifests.delete(meta.checkpoint_id)  # never a manifest the index does not know
+            raise
 
     def rewrite_manifest(self, meta: CheckpointMeta, token_ids: Sequence[int]) -> None:
         """Persist new bookkeeping (hits, last_used) in the manifest, then the index.
@@ -90,10 +97,9 @@ class CheckpointFiles:
         data = encode_manifest(meta, token_ids, checkpoint.chunks)
         try:
             self.manifests.write(meta.checkpoint_id, data)
+            self.index.update_usage(meta.checkpoint_id, meta.last_used, meta.hits, len(data))
         except OSError as error:
-            logger.warning("kvstore: could not update checkpoint %s: %s", meta.checkpoint_id, error)
-            return
-        self.index.update_usage(meta.checkpoint_id, meta.last_used, meta.hits, len(data))
+            self.disk_errors.failed(f"bookkeeping of checkpoint {meta.checkpoint_id}", error)
 
     def delete(self, checkpoint_id: str) -> bool:
         # Manifest first: once it is gone the checkpoint no longer exists, whatever else fails.
@@ -105,7 +111,12 @@ class CheckpointFiles:
     def remove_corrupt(self, checkpoint_id: str, why: str) -> None:
         logger.warning("kvstore: removing checkpoint %s: %s", checkpoint_id, why)
         self.num_corrupt_removed += 1
-        self.delete(checkpoint_id)
+        try:
+            self.delete(checkpoint_id)
+        except OSError as error:  # read-only directory: at least never offer it again
+            self.disk_errors.failed(f"removing checkpoint {checkpoint_id}", error)
+            with contextlib.suppress(OSError):  # already reported just above
+                self.index.remove(checkpoint_id)
 
     def read_manifest(self, checkpoint_id: str) -> Manifest | None:
         """The verified manifest of an indexed checkpoint; None (and removed) if it is bad."""

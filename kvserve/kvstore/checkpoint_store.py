@@ -5,7 +5,8 @@
     <dir>/index.sqlite                  derived index (rebuilt from the files when needed)
 
 Thread-safe: the background writer saves while the engine thread looks up and loads.
-NOTE: one server per directory; opening it deletes other processes' temp files.
+NOTE: one server per directory; opening it deletes other processes' temp files. A store
+holds a shared lock on the directory so `kvserve kv` never edits it under a running server.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvserve.kvstore.atomic_file import ensure_private_dir
+from kvserve.kvstore.cache_dir import DirLock
 from kvserve.kvstore.checkpoint import (
     Checkpoint,
     CheckpointMeta,
@@ -61,7 +64,13 @@ class CheckpointStore:
         self.policy = policy
         self.protect_loaded_s = protect_loaded_s
         self._clock = clock
-        self._files = CheckpointFiles(directory, identity)
+        ensure_private_dir(directory)
+        self._dir_lock = DirLock.shared_if_possible(directory)
+        try:
+            self._files = CheckpointFiles(directory, identity)
+        except BaseException:
+            self._release_lock()
+            raise
         self._index = self._files.index
         self._lock = threading.RLock()  # index + file mutations
         self._save_lock = threading.Lock()  # one save at a time (chunk writes run outside _lock)
@@ -72,6 +81,12 @@ class CheckpointStore:
     def close(self) -> None:
         with self._lock:
             self._files.close()
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
 
     def save(
         self,
@@ -83,8 +98,25 @@ class CheckpointStore:
         """Store a checkpoint, writing only the chunks not stored yet (evicting first if needed).
 
         `block_hashes` are the engine's chain hashes of the full blocks of `token_ids` (at
-        least num_tokens // block_size of them). Raises OSError when the disk fails.
+        least num_tokens // block_size of them). A disk error (full, read-only) skips the
+        store with status "failed"; it is logged once per run of errors, never raised.
         """
+        try:
+            result = self._save(meta, token_ids, block_hashes, provider)
+        except OSError as error:
+            self._files.disk_errors.failed(f"{meta.reason} checkpoint {meta.checkpoint_id}", error)
+            return SaveResult("failed", meta.checkpoint_id)
+        if result.status == "stored":
+            self._files.disk_errors.succeeded()
+        return result
+
+    def _save(
+        self,
+        meta: CheckpointMeta,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        provider: ChunkProvider,
+    ) -> SaveResult:
         checkpoint_id = meta.checkpoint_id
         if meta.identity != self.identity or meta.num_tokens != len(token_ids) or not token_ids:
             return SaveResult("incompatible", checkpoint_id)
@@ -167,8 +199,9 @@ class CheckpointStore:
         return plan
 
     def evict_to_budget(self) -> list[str]:
-        """Delete lowest-scoring checkpoints until the store fits its budget (e.g. after a cut)."""
-        with self._lock:
+        """Delete lowest-scoring checkpoints until the store fits its budget (e.g. after a cut).
+        Waits for a save in flight: its plan counted on the chunks it reuses staying."""
+        with self._save_lock, self._lock:
             return list(self._evict(None).victim_ids)
 
     def lookup_by_text_prefix(self, text: str, max_tokens: int | None = None) -> Checkpoint | None:
@@ -266,4 +299,11 @@ class CheckpointStore:
         with self._lock:
             index = self._index
             sizes = (len(index.checkpoint_ids()), len(index.chunk_bytes()), index.total_bytes())
-            return StoreStats(*sizes, self._num_loads, self._num_evictions, self._files.num_corrupt_removed)
+            files = self._files
+            return StoreStats(
+                *sizes,
+                self._num_loads,
+                self._num_evictions,
+                files.num_corrupt_removed,
+                files.disk_errors.num_failures,
+            )

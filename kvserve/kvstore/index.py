@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from kvserve.kvstore.atomic_file import FILE_MODE
@@ -34,6 +35,10 @@ _TABLES = ("meta", "checkpoints", "chunks", "checkpoint_chunks")
 
 class IndexDamagedError(RuntimeError):
     """The index cannot be trusted (unreadable, wrong schema, other identity): rebuild it."""
+
+
+class IndexWriteError(OSError):
+    """A write to the index failed (disk full, read-only directory): an I/O error like any other."""
 
 
 class CheckpointIndex:
@@ -81,6 +86,14 @@ class CheckpointIndex:
     def close(self) -> None:
         self._db.close()
 
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        try:
+            with self._db:
+                yield
+        except sqlite3.OperationalError as error:  # SQLITE_FULL, SQLITE_READONLY, SQLITE_IOERR
+            raise IndexWriteError(f"index write failed: {error}") from error
+
     def add(
         self,
         meta: CheckpointMeta,
@@ -88,7 +101,7 @@ class CheckpointIndex:
         manifest_bytes: int,
         chunk_bytes: dict[str, int],
     ) -> None:
-        with self._db:
+        with self._transaction():
             self._db.execute(
                 "INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -114,7 +127,7 @@ class CheckpointIndex:
 
     def remove(self, checkpoint_id: str) -> list[str]:
         """Drop a checkpoint; returns the keys of chunks no checkpoint uses any more."""
-        with self._db:
+        with self._transaction():
             keys = [
                 k
                 for (k,) in self._db.execute(
@@ -134,7 +147,7 @@ class CheckpointIndex:
         return sorted(orphans)
 
     def update_usage(self, checkpoint_id: str, last_used: float, hits: int, manifest_bytes: int) -> None:
-        with self._db:
+        with self._transaction():
             self._db.execute(
                 "UPDATE checkpoints SET last_used = ?, hits = ?, manifest_bytes = ? WHERE checkpoint_id = ?",
                 (last_used, hits, manifest_bytes, checkpoint_id),

@@ -92,7 +92,7 @@ class CheckpointWriter:
     def _save(self, job: SaveJob) -> None:
         try:
             result = self.store.save(job.meta, job.token_ids, job.block_hashes, job.provider)
-        except OSError as error:  # disk full or unwritable: skip this store, keep serving
+        except OSError as error:  # the store reports disk errors as "failed"; this is a safety net
             self.stats.num_failed += 1
             logger.warning("kvstore: could not save checkpoint %s: %s", job.meta.checkpoint_id, error)
             return
@@ -102,6 +102,8 @@ class CheckpointWriter:
             return
         if result.status == "stored":
             self.stats.num_saved += 1
+        elif result.status == "failed":  # a disk error, already logged by the store
+            self.stats.num_failed += 1
         else:
             self.stats.num_skipped += 1
             logger.info("kvstore: checkpoint %s not stored: %s", result.checkpoint_id, result.status)

@@ -80,3 +80,65 @@ def test_opening_with_a_smaller_budget_trims_the_store(tmp_path: Path) -> None:
     store.close()
     reopened = open_store(tmp_path / "kv", budget_bytes=one + 100, clock=clock)
     assert [c.checkpoint_id for c in reopened.checkpoints()] == [checkpoint_id(token_lists[-1])]
+
+
+def test_hits_decay_with_the_clock_until_an_unused_entry_outlives_an_old_favourite(tmp_path: Path) -> None:
+    clock = Clock()
+    favourite, fresh, incoming = random_tokens(64, 11), random_tokens(64, 12), random_tokens(64, 13)
+    budget = 2 * size_of(tmp_path, favourite) + 100
+    store = open_store(tmp_path / "kv", budget_bytes=budget, clock=clock)
+    save(store, favourite, reason="continued")
+    for _ in range(3):
+        store.touch(checkpoint_id(favourite), hit=True)  # hits, but no load protection
+    clock.now += HOUR
+    save(store, fresh, reason="continued")
+    clock.now += HOUR  # favourite: eh = 3 x 2^(-2/6) ~ 2.4, so (eh + 1) beats fresh's 1
+    assert save(store, incoming, reason="continued").evicted_ids == (checkpoint_id(fresh),)
+    store.delete(checkpoint_id(incoming))
+    save(store, fresh, reason="continued")
+    clock.now += 6 * HOUR * 9  # 54 h later: 3 x 2^-9 < 0.01 counts as 0 hits, a tie on score
+    assert save(store, incoming, reason="continued").evicted_ids == (checkpoint_id(favourite),)
+
+
+def test_equal_scores_evict_the_least_recently_used_first(tmp_path: Path) -> None:
+    clock = Clock()
+    first, second, incoming = random_tokens(64, 14), random_tokens(64, 15), random_tokens(64, 16)
+    store = open_store(tmp_path / "kv", budget_bytes=2 * size_of(tmp_path, first) + 100, clock=clock)
+    save(store, first, reason="continued")
+    clock.now += 1
+    save(store, second, reason="continued")
+    clock.now += 1
+    store.touch(checkpoint_id(first))  # used later than second, no hit: same score, newer last_used
+    assert save(store, incoming, reason="continued").evicted_ids == (checkpoint_id(second),)
+
+
+def test_trimming_waits_for_a_save_in_flight_and_never_takes_what_it_reuses(tmp_path: Path) -> None:
+    import threading
+
+    clock = Clock()
+    base = random_tokens(64, 17)
+    extended = base + random_tokens(32, 18)
+    store = open_store(tmp_path / "kv", clock=clock)
+    save(store, base, reason="continued")
+    release, started = threading.Event(), threading.Event()
+    inner = Provider(kv_for(extended, store.identity))
+
+    def slow(span):
+        started.set()
+        assert release.wait(10)
+        return inner(span)
+
+    results = []
+    saver = threading.Thread(target=lambda: results.append(save(store, extended, "continued", slow)))
+    saver.start()
+    assert started.wait(10)  # the save is writing its new chunks; base's 4 chunks are reused
+    store.budget_bytes = 0
+    trimmer = threading.Thread(target=store.evict_to_budget)
+    trimmer.start()
+    trimmer.join(0.2)
+    assert trimmer.is_alive()  # waits instead of deleting the reused chunks under the save
+    release.set()
+    saver.join(10)
+    trimmer.join(10)
+    assert results[0].status == "stored"
+    assert store.stats().num_checkpoints == 0  # then trims everything to the zero budget
