@@ -189,7 +189,7 @@ def test_a_prompt_too_long_for_the_server_is_compacted_and_retried(tmp_path: Pat
 
 def test_model_errors_end_the_turn_cleanly(tmp_path: Path) -> None:
     with scripted_server(["x"]) as server:
-        agent, recorder = make_agent(server.url, tmp_path, temperature=-5.0)
+        agent, _ = make_agent(server.url, tmp_path, temperature=-5.0)
         result = agent.run_turn("hi")
     assert result.status is TurnStatus.ERROR and "HTTP 400" in result.error
     assert roles(agent) == ["system", "user"]
