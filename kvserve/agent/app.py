@@ -71,7 +71,7 @@ class AgentApp:
 
     def save(self, name: str | None = None) -> None:
         if name is not None:
-            self.session.name = name
+            self.agent.session.name = name
         self.store.save(self.agent.session)
 
     def close(self) -> None:

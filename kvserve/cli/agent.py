@@ -4,6 +4,7 @@ loopback port, so both modes talk to the model over the same HTTP code path."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> None:
     from kvserve.agent.session import SessionError
 
     options = options_from_args(args)
+    if args.log_level.upper() == "INFO":  # the default: per-request logs would scribble over the UI
+        logging.getLogger().setLevel(logging.WARNING)
     runner = run_print_mode if options.prompt is not None else run_interactive
     try:
         if args.url:
@@ -109,6 +112,7 @@ def run(args: argparse.Namespace) -> None:
         else:
             from kvserve.cli.embedded import embedded_server
 
+            print(f"kvserve agent: loading {args.model} …", file=sys.stderr, flush=True)
             with embedded_server(args) as url:
                 code = runner(url, options)
     except SessionError as error:
