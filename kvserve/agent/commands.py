@@ -120,7 +120,7 @@ def _clear(app: AgentApp, rest: str, say: Say) -> None:
 def switch_session(app: AgentApp, session: Session) -> None:
     app.session = session
     app.agent.session = session
-    app.agent.num_counted = len(session.messages)
+    app.agent.num_counted = len(session.messages) if session.usage.prompt_tokens else 0
 
 
 _COMMANDS: dict[str, Callable[[AgentApp, str, Say], Outcome | None]] = {

@@ -78,7 +78,8 @@ class Agent:
         self.observer = observer
         self.cancel = cancel or toolbox.ctx.cancel
         self.estimator = compaction.TokenEstimator()
-        self.num_counted = len(session.messages)  # messages the last usage report covers
+        # Messages the last usage report covers: none for a new session (estimate them all).
+        self.num_counted = len(session.messages) if session.usage.prompt_tokens else 0
 
     # --- context accounting -------------------------------------------------------------------
 

@@ -48,8 +48,9 @@ class GenerationStats:
     def decode_rate(self) -> float | None:
         if self.first_token is None:
             return None
+        # The first token closes the prefill; decode speed counts the ones after it.
         elapsed = (self.ended or self.clock()) - self.first_token
-        return self.num_generated / elapsed if elapsed > 0.05 and self.num_generated > 1 else None
+        return (self.num_generated - 1) / elapsed if elapsed > 0.05 and self.num_generated > 1 else None
 
     def prefill_text(self) -> str:
         if self.first_token is None:
