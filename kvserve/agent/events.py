@@ -63,7 +63,7 @@ class ReplyBuilder:
 
     content: str = ""
     reasoning: str = ""
-    finish_reason: str = "stop"
+    finish_reason: str = ""  # stays empty if the stream ends without saying why (a dropped connection)
     usage: Usage = field(default_factory=Usage)
     calls: dict[int, list[str]] = field(default_factory=dict)  # index -> [id, name, arguments]
 

@@ -201,6 +201,9 @@ class Agent:
         for event in self.model.stream(request, self.cancel):
             reply.add(event)
             self.observer.on_stream_event(event)
+        if not reply.finish_reason:
+            self.observer.on_generation_end(reply.usage)
+            raise ModelError("the server closed the stream before the response finished")
         if reply.finish_reason != "cancelled" and kind == "answer":
             self.session.usage = reply.usage
             self.estimator.calibrate(

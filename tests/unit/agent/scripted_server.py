@@ -50,10 +50,10 @@ class ScriptedServer:
 
 @contextlib.contextmanager
 def scripted_server(
-    replies: list[str], ctx: int = 8192, token_delay_s: float = 0.0
+    replies: list[str], ctx: int = 8192, token_delay_s: float = 0.0, fail_after: int | None = None
 ) -> Iterator[ScriptedServer]:
     script = Script(list(replies))
-    engine = FakeEngine(script, token_delay_s=token_delay_s)
+    engine = FakeEngine(script, token_delay_s=token_delay_s, fail_after=fail_after)
     syntax = OutputSyntax.detect(None, "hermes")
     service = ChatService(engine, FakeTokenizerInfo(), ctx, "scripted", segmenter_factory=syntax.segmenter)
     app = create_app(service, ApiSettings(served_model_name="scripted"))

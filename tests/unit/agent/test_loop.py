@@ -195,6 +195,15 @@ def test_model_errors_end_the_turn_cleanly(tmp_path: Path) -> None:
     assert roles(agent) == ["system", "user"]
 
 
+def test_an_engine_failure_mid_stream_ends_the_turn_cleanly(tmp_path: Path) -> None:
+    with scripted_server(["a long answer that breaks"], fail_after=5) as server:
+        agent, recorder = make_agent(server.url, tmp_path)
+        result = agent.run_turn("hi")
+    assert result.status is TurnStatus.ERROR and "engine" in result.error.lower()
+    assert roles(agent) == ["system", "user"]
+    assert any("model error" in n for n in recorder.notices)
+
+
 @pytest.mark.parametrize("api", ["anthropic"])
 def test_the_anthropic_wire_runs_the_same_loop(tmp_path: Path, api: str) -> None:
     (tmp_path / "a.txt").write_text("hello\n")
