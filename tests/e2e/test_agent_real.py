@@ -45,7 +45,16 @@ def test_a_resumed_session_is_served_from_the_cache(tmp_path) -> None:
     from kvserve.cli.main import _build_parser
 
     (tmp_path / "work").mkdir()
-    base = ["agent", "--cwd", str(tmp_path / "work"), "--data-dir", str(tmp_path / "data"), "--session", "r", *FLAGS]
+    base = [
+        "agent",
+        "--cwd",
+        str(tmp_path / "work"),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--session",
+        "r",
+        *FLAGS,
+    ]
     args = _build_parser().parse_args([*base, "-p", "Name a colour."])
     with embedded_server(args) as url:
         assert run_print_mode(url, options_from_args(args)) in (0, 1)
