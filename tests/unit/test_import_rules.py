@@ -18,6 +18,7 @@ FORBIDDEN = {
     "engine": {"serving", "api", "chat", "cli"},
     "kvstore": {"engine", "serving", "api", "cli"},
     "api": {"engine", "models", "torch"},
+    "agent": {"engine", "models", "serving", "api", "torch"},
 }
 
 
