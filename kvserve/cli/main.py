@@ -1,4 +1,4 @@
-"""`kvserve` root command: serve | generate | chat | models | bench | kv."""
+"""`kvserve` root command: serve | generate | chat | agent | models | bench | kv."""
 
 from __future__ import annotations
 
