@@ -28,8 +28,8 @@ from kvserve.chat.conversation import (
     ToolCallPart,
     ToolChoice,
     ToolResultPart,
-    ToolSpec,
 )
+from kvserve.chat.tools import tools_from_anthropic
 from kvserve.serving.events import (
     Failed,
     Finished,
@@ -48,8 +48,6 @@ from kvserve.serving.result import GenerationResult
 # System parts whose text changes on every request (Claude Code's billing header): rendering them
 # would make every prompt differ from the first token on and defeat the prefix cache.
 _PRIVATE_SYSTEM_PREFIX = "x-anthropic-"
-# Hosted tools (web_search_20250305, bash_20250124, ...) run on Anthropic's side; we cannot run them.
-_CLIENT_TOOL_TYPES = (None, "custom")
 
 
 # -- request ---------------------------------------------------------------------------
@@ -72,11 +70,7 @@ def to_chat_request(wire: MessagesRequest) -> ChatRequest:
     return ChatRequest(
         messages=tuple(messages),
         options=options,
-        tools=tuple(
-            ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object", "properties": {}})
-            for t in wire.tools or ()
-            if t.type in _CLIENT_TOOL_TYPES
-        ),
+        tools=tools_from_anthropic(t.model_dump(exclude_none=True) for t in wire.tools or ()),
         tool_choice=_tool_choice(wire.tool_choice),
         reasoning=_reasoning(wire),
     )

@@ -31,8 +31,8 @@ from kvserve.chat.conversation import (
     ToolCallPart,
     ToolChoice,
     ToolResultPart,
-    ToolSpec,
 )
+from kvserve.chat.tools import tools_from_openai
 from kvserve.serving.events import (
     Failed,
     Finished,
@@ -76,15 +76,7 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
     return ChatRequest(
         messages=tuple(_message(m, i) for i, m in enumerate(wire.messages)),
         options=options,
-        tools=tuple(
-            ToolSpec(
-                t.function.name,
-                t.function.description or "",
-                t.function.parameters or {"type": "object", "properties": {}},
-            )
-            for t in wire.tools or ()
-            if t.type == "function" and t.function is not None
-        ),
+        tools=tools_from_openai(t.model_dump(exclude_none=True) for t in wire.tools or ()),
         tool_choice=tool_choice(wire.tool_choice),
         reasoning=reasoning_from_effort(wire.reasoning_effort),
         response_format=wire.response_format,

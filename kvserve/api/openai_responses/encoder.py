@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 from kvserve.api.logprobs_json import token_logprob_json
-from kvserve.api.openai_responses.adapter import NAMESPACE_SEPARATOR, flat_tool_name
 from kvserve.api.request_fields import new_id
 from kvserve.api.sse import KEEPALIVE, event_frame
-from kvserve.chat.conversation import Message, Part, ReasoningPart, TextPart, ToolCallPart
+from kvserve.chat.conversation import Message, Part, ReasoningPart, TextPart, ToolCallPart, ToolSpec
+from kvserve.chat.tools import flat_tool_name, split_tool_name
 from kvserve.serving.events import (
     Failed,
     Finished,
@@ -48,13 +48,14 @@ class ResponsesEncoder:
         model: str,
         echo: dict[str, Any],
         include_reasoning: bool,
-        namespaces: frozenset[str] = frozenset(),
+        tools: tuple[ToolSpec, ...] = (),
     ):
+        """`tools` are the request's (names of namespaced tools are split back for the client)."""
         self.response_id = response_id
         self.model = model
         self.echo = echo  # request fields repeated in every response object
         self.include_reasoning = include_reasoning
-        self.namespaces = namespaces
+        self.tools = tools
         self.created_at = int(time.time())
         self.output: list[dict[str, Any]] = []
         self.status = "in_progress"
@@ -226,9 +227,9 @@ class ResponsesEncoder:
             "name": name,
             "arguments": "",
         }
-        namespace, sep, short = name.partition(NAMESPACE_SEPARATOR)
-        if sep and namespace in self.namespaces:  # give the client back its own namespace/name pair
-            item["namespace"], item["name"] = namespace, short
+        namespace, wire_name = split_tool_name(name, self.tools)
+        if namespace is not None:  # give the client back its own namespace/name pair
+            item["namespace"], item["name"] = namespace, wire_name
         self._args_streamed = False
         return item
 

@@ -43,8 +43,7 @@ async def responses(request: Request) -> Response:
     chat = to_chat_request(wire, await _previous(request, wire.previous_response_id))
     prepared = await prepare(request, chat_service(request).prepare_chat, chat, param="input")
     model = wire.model or request.app.state.settings.served_model_name
-    namespaces = frozenset(t.get("name") for t in wire.tools or () if t.get("type") == "namespace")
-    encoder = ResponsesEncoder(new_id("resp_"), model, _echo(wire), wants_reasoning_summary(wire), namespaces)
+    encoder = ResponsesEncoder(new_id("resp_"), model, _echo(wire), wants_reasoning_summary(wire), chat.tools)
     events = generate(request, prepared)
     history = conversation(wire, chat)
     if wire.stream:
