@@ -21,6 +21,7 @@ from kvserve.reasoning import (
     ReasoningSyntax,
     SegmentEvent,
     detect_reasoning,
+    prompt_opens_reasoning,
 )
 from kvserve.serving.events import (
     GenerationEvent,
@@ -131,13 +132,16 @@ class OutputSyntax:
             f"tool parser {self.tool_parser}, reasoning {self.reasoning.open}…{self.reasoning.close}{where}"
         )
 
-    def segmenter(self, request: ChatRequest) -> ModelOutputSegmenter:
-        """The SegmenterFactory: tool calls are parsed only when tools are offered."""
+    def segmenter(self, request: ChatRequest, prompt_text: str = "") -> ModelOutputSegmenter:
+        """The SegmenterFactory: tool calls are parsed only when tools are offered. Whether the output
+        starts inside a reasoning block is read off the rendered prompt when there is one."""
         tools = request.active_tools
         parser = get_parser(self.tool_parser, tools) if tools else None
         reasoning = None
         if self.reasoning is not None:
-            # A template that opens the block writes a closed one instead when thinking is switched off.
-            inside = self.reasoning.opens_in_prompt and request.reasoning.enabled is not False
+            if prompt_text:
+                inside = prompt_opens_reasoning(prompt_text, self.reasoning)
+            else:  # the template's guess; it writes a closed block instead when thinking is off
+                inside = self.reasoning.opens_in_prompt and request.reasoning.enabled is not False
             reasoning = ReasoningSegmenter(self.reasoning, starts_in_reasoning=inside)
         return ModelOutputSegmenter(reasoning, parser)
