@@ -91,15 +91,34 @@ def system_text(system: str | list[Any] | None) -> str:
     return text
 
 
+_THINKING_TYPES = ("enabled", "disabled", "adaptive")
+# `thinking.budget_tokens` -> an effort word for templates that take one, when no effort is given.
+_BUDGET_EFFORTS = ((4096, "low"), (16384, "medium"))
+
+
 def _reasoning(wire: MessagesRequest) -> ReasoningControl:
     effort = (wire.output_config or {}).get("effort")
-    control = reasoning_from_effort(effort if isinstance(effort, str) else None, "output_config.effort")
-    kind = (wire.thinking or {}).get("type")
-    if kind == "enabled":
-        return ReasoningControl(enabled=True, effort=control.effort)
+    if effort is not None and not isinstance(effort, str):
+        raise ApiError(400, "output_config.effort must be a string", param="output_config.effort")
+    control = reasoning_from_effort(effort, "output_config.effort")
+    thinking = wire.thinking or {}
+    kind = thinking.get("type")
+    if kind is not None and kind not in _THINKING_TYPES:
+        raise ApiError(
+            400, 'thinking.type must be "enabled", "disabled" or "adaptive"', param="thinking.type"
+        )
     if kind == "disabled":
         return ReasoningControl(enabled=False, effort=control.effort)
-    return control  # "adaptive" or absent: the model's default
+    if kind == "enabled":
+        return ReasoningControl(enabled=True, effort=control.effort or _budget_effort(thinking))
+    return control  # "adaptive" or absent: the model's default (or what the effort says)
+
+
+def _budget_effort(thinking: dict[str, Any]) -> str | None:
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        return None
+    return next((effort for limit, effort in _BUDGET_EFFORTS if budget < limit), "high")
 
 
 def _tool_choice(value: dict[str, Any] | None) -> ToolChoice:

@@ -159,7 +159,8 @@ class ResponsesEncoder:
             case Logprobs(tokens):
                 self._logprobs.extend(tokens)
             case Finished(reason):
-                frames = self._close()
+                # An item cut by the length limit (reasoning never closed, text cut) is incomplete.
+                frames = self._close("incomplete" if reason == "length" else "completed")
                 if reason == "length":
                     self.status, self.incomplete_details = "incomplete", {"reason": "max_output_tokens"}
                     return frames + [self._frame("response.incomplete", response=self.response())]
@@ -263,11 +264,11 @@ class ResponsesEncoder:
         )
         return frames + self._close()
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[str]:
         item, self._open = self._open, None
         if item is None:
             return []
-        item["status"] = "completed"
+        item["status"] = status
         frames = []
         if item["type"] == "message":
             part = item["content"][0]
