@@ -242,3 +242,102 @@ async def test_responses_without_summary_drop_reasoning_and_unterminated_is_inco
     (reasoning,) = response.output
     assert reasoning.type == "reasoning" and reasoning.status == "incomplete"
     assert reasoning.summary[0].text == "never ends"
+
+
+# -- one table of outputs, six ways to read them ---------------------------------------------
+
+
+# name -> (sampled text, ends with EOS, what a client sees: reasoning, text, (name, arguments) calls, finish)
+SCENARIOS = {
+    "text": ("Just text.", True, ("", "Just text.", (), "stop")),
+    "reasoning": ("<think>r</think>Text", True, ("r", "Text", (), "stop")),
+    "call_only": (CALL, True, ("", "", (("get_weather", {"city": "Paris"}),), "tool_calls")),
+    "two_blocks": (
+        CALL + "\n" + CALL.replace("Paris", "Lyon"),
+        True,
+        ("", "", (("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Lyon"})), "tool_calls"),
+    ),
+    "malformed": (
+        "<tool_call>\n{not json}\n</tool_call>",
+        True,
+        ("", "<tool_call>\n{not json}\n</tool_call>", (), "stop"),
+    ),
+    "truncated": (
+        '<think>go</think><tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+        False,
+        ("go", "", (("get_weather", {"city": "Par"}),), "length"),
+    ),
+}
+
+
+async def _openai_chat(h: Harness, stream: bool, max_tokens: int) -> tuple:
+    kwargs = {"model": "m", "messages": USER, "tools": OPENAI_TOOLS, "max_tokens": max_tokens}
+    if not stream:
+        choice = (await h.openai.chat.completions.create(**kwargs)).choices[0]
+        m = choice.message
+        calls = tuple((c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls or ())
+        return (getattr(m, "reasoning_content", None) or "", m.content or "", calls, choice.finish_reason)
+    reasoning, text, calls, finish = "", "", [], None
+    async for chunk in await h.openai.chat.completions.create(**kwargs, stream=True):
+        delta, finish = chunk.choices[0].delta, chunk.choices[0].finish_reason or finish
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        text += delta.content or ""
+        for call in delta.tool_calls or []:
+            if call.id:
+                calls.append([call.function.name, ""])
+            calls[call.index][1] += call.function.arguments or ""
+    return (reasoning, text, tuple((n, json.loads(a)) for n, a in calls), finish)
+
+
+async def _anthropic(h: Harness, stream: bool, max_tokens: int) -> tuple:
+    kwargs = {"model": "m", "messages": USER, "tools": ANTHROPIC_TOOLS, "max_tokens": max_tokens}
+    if stream:
+        async with h.anthropic.messages.stream(**kwargs) as s:
+            message = await s.get_final_message()
+    else:
+        message = await h.anthropic.messages.create(**kwargs)
+    blocks = message.content
+    finish = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}[message.stop_reason]
+    return (
+        "".join(b.thinking for b in blocks if b.type == "thinking"),
+        "".join(b.text for b in blocks if b.type == "text"),
+        tuple((b.name, b.input) for b in blocks if b.type == "tool_use"),
+        finish,
+    )
+
+
+async def _responses(h: Harness, stream: bool, max_tokens: int) -> tuple:
+    kwargs = {
+        "model": "m",
+        "input": "Weather in Paris?",
+        "tools": RESPONSES_TOOLS,
+        "max_output_tokens": max_tokens,
+        "reasoning": {"summary": "auto"},
+    }
+    if stream:
+        async for event in await h.openai.responses.create(**kwargs, stream=True):
+            if event.type in ("response.completed", "response.incomplete"):
+                response = event.response
+    else:
+        response = await h.openai.responses.create(**kwargs)
+    out = response.output
+    calls = tuple((o.name, json.loads(o.arguments)) for o in out if o.type == "function_call")
+    finish = "length" if response.status == "incomplete" else "tool_calls" if calls else "stop"
+    return (
+        "".join(o.summary[0].text for o in out if o.type == "reasoning"),
+        response.output_text,
+        calls,
+        finish,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "read", [_openai_chat, _anthropic, _responses], ids=["chat", "anthropic", "responses"]
+)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+async def test_every_api_reads_the_same_output(scenario: str, read, stream: bool) -> None:
+    output, eos, expected = SCENARIOS[scenario]
+    h = _harness(output, eos=eos)
+    max_tokens = len(output.encode()) + (5 if eos else 0)
+    assert await read(h, stream, max_tokens) == expected
