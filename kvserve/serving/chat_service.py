@@ -35,6 +35,7 @@ from kvserve.serving.tool_continuation import (
     PromptTokens,
     continue_sequence,
     find_live_sequence,
+    reuse_live_prefix,
 )
 from kvserve.serving.tool_memory import ToolReplayMemory, attach_replays
 
@@ -126,7 +127,8 @@ class ChatService:
         prompt = self._live_prompt(request, continuation) if continuation is not None else None
         if prompt is None:
             text = self.render(request)
-            prompt = PromptTokens(self.tokenize(text, add_special_tokens=False), text)
+            prompt = reuse_live_prefix(text, request.messages, self.live_sequences, self._tokenize_rest)
+            prompt = prompt or PromptTokens(self.tokenize(text, add_special_tokens=False), text)
         return self._prepare(
             prompt.token_ids, request.options, param, request_id, chat=request, prompt_text=prompt.text
         )
@@ -136,9 +138,7 @@ class ChatService:
         if found is None:
             return None
         cut, sequence = found
-        prompt = continue_sequence(
-            request, cut, sequence, self.render, lambda text: self.tokenize(text, add_special_tokens=False)
-        )
+        prompt = continue_sequence(request, cut, sequence, self.render, self._tokenize_rest)
         if prompt is None and cut.calling_turn is None:
             raise wording.gone()  # nothing else to render the calls from
         return prompt
@@ -148,6 +148,9 @@ class ChatService:
     ) -> PreparedRequest:
         token_ids = self.tokenize(request.prompt, add_special_tokens=True)
         return self._prepare(token_ids, request.options, param, request_id)
+
+    def _tokenize_rest(self, text: str) -> list[int]:
+        return self.tokenize(text, add_special_tokens=False)
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         """Tokens of `text`; with add_special_tokens, BOS is prepended where the model wants it."""

@@ -161,3 +161,30 @@ def rendered_tail(request: ChatRequest, cut: ToolTail, render: Callable[[ChatReq
     if text.count(SENTINEL) != 1:
         return None
     return text[text.index(SENTINEL) + len(SENTINEL) :]
+
+
+def reuse_live_prefix(
+    text: str,
+    messages: tuple[Message, ...],
+    live: LiveSequences | None,
+    tokenize: Callable[[str], list[int]],
+) -> PromptTokens | None:
+    """Prefix-exact assembly for a rendered prompt that replays a live tool-call turn: when the text
+    starts with that sequence's text, its exact token ids (as sampled, whatever re-tokenizing would
+    give) followed by the tokens of the rest. None when no live sequence is a text prefix."""
+    turn = next((m for m in reversed(messages) if m.role == "assistant" and m.tool_calls), None)
+    sequence = None if live is None or turn is None else live.lookup(_keys(turn))
+    if sequence is None:
+        return None
+    candidates = [(list(sequence.token_ids), sequence.text)]
+    if sequence.end_text:  # the template may end the turn with other bytes than the sampled EOS
+        end = len(sequence.text) - len(sequence.end_text)
+        candidates.append((list(sequence.token_ids[:-1]), sequence.text[:end]))
+    for token_ids, prefix in candidates:
+        if text.startswith(prefix):
+            return PromptTokens(token_ids + tokenize(text[len(prefix) :]), text)
+    return None
+
+
+def _keys(turn: Message) -> frozenset[str]:
+    return frozenset(call_key(c.id) for c in turn.tool_calls)

@@ -80,8 +80,8 @@ def _text(h: Harness, tokens: list[int]) -> str:
 
 
 def _turn1(h: Harness) -> list[int]:
-    prompt = h.engine.requests[0][0]
-    return prompt + h.engine.script(prompt)
+    """The first request's prompt and the tokens it sampled."""
+    return h.engine._history[0]
 
 
 async def test_dsml_call_from_a_prompt_opened_reasoning_block(h: Harness) -> None:
@@ -108,7 +108,27 @@ async def test_thinking_off_renders_a_closed_block_and_output_is_content(h: Harn
     assert _text(h, h.engine.requests[0][0]).endswith(f"{ASSISTANT}</think>")
 
 
-async def test_chat_replay_of_a_reordered_dsml_call_repeats_the_sampled_tokens(h: Harness) -> None:
+def _spell_think_in_bytes(h: Harness) -> None:
+    """Script the model writing `</think>` byte by byte instead of as its one added token: the same
+    text, which re-tokenizes differently."""
+    tokenizer = h.service.tokenizer.tokenizer
+    reasoning, rest = OUTPUT.split("</think>")
+    spelled = [i for char in "</think>" for i in tokenizer.encode(char, add_special_tokens=False)]
+    first = tokenizer.encode(reasoning) + spelled + tokenizer.encode(rest) + [h.engine.eos_token_id]
+    assert tokenizer.decode(first, skip_special_tokens=False) == OUTPUT + EOS
+    assert tokenizer.encode(OUTPUT) != first[:-1]
+    answer = h.engine.script
+    h.engine.script = lambda prompt: first if len(h.engine.requests) == 1 else answer(prompt)
+
+
+@pytest.mark.parametrize("spelled", [False, True])
+async def test_chat_replay_of_a_reordered_dsml_call_repeats_the_sampled_tokens(
+    h: Harness, spelled: bool
+) -> None:
+    """Exact replay gives the sampled text; the live sequence's token ids (a text prefix of the new
+    prompt) give the sampled tokens even where re-tokenizing that text would not."""
+    if spelled:
+        _spell_think_in_bytes(h)
     first = await h.openai.chat.completions.create(model="m", messages=QUESTION, tools=OPENAI_TOOLS)
     call = first.choices[0].message.tool_calls[0]
     history = [
