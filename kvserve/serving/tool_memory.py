@@ -16,7 +16,7 @@ import dataclasses
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,15 +97,18 @@ class ToolReplayMemory:
         with self._lock:
             return call_key(call_id) in self._ids
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able snapshot (blocks once each, ids in LRU order) for the disk tier."""
+    def to_json(self, call_ids: Iterable[str] | None = None) -> dict[str, Any]:
+        """A JSON-able snapshot (blocks once each, ids in LRU order) for the disk tier: the whole
+        memory, or only the given calls (e.g. those a checkpoint's prompt replays)."""
+        wanted = None if call_ids is None else {call_key(i) for i in call_ids}
         with self._lock:
-            texts = list(dict.fromkeys(self._ids.values()))
+            entries = [(k, t) for k, t in self._ids.items() if wanted is None or k in wanted]
+            texts = list(dict.fromkeys(t for _, t in entries))
             index = {t: i for i, t in enumerate(texts)}
             return {
                 "version": JSON_VERSION,
                 "blocks": [{"text": t, "call_ids": list(self._blocks[t].call_ids)} for t in texts],
-                "lru": [[key, index[text]] for key, text in self._ids.items()],
+                "lru": [[key, index[text]] for key, text in entries],
             }
 
     @classmethod
@@ -113,19 +116,24 @@ class ToolReplayMemory:
         cls, data: Mapping[str, Any], max_ids: int = DEFAULT_MAX_IDS, max_bytes: int = DEFAULT_MAX_BYTES
     ) -> ToolReplayMemory:
         """The memory `to_json` saved; raises ValueError on another version or a malformed snapshot."""
+        memory = cls(max_ids, max_bytes)
+        memory.merge_json(data)
+        return memory
+
+    def merge_json(self, data: Mapping[str, Any]) -> None:
+        """Add a snapshot's calls (as the most recently used, in its order); ValueError if malformed."""
         if data.get("version") != JSON_VERSION:
             raise ValueError(f"tool memory snapshot version {data.get('version')!r} is not {JSON_VERSION}")
-        memory = cls(max_ids, max_bytes)
         try:
             blocks = [(b["text"], tuple(b["call_ids"])) for b in data["blocks"]]
-            for key, i in data["lru"]:
-                text, call_ids = blocks[i]
-                if key in call_ids:
-                    memory._add(text, call_ids, only=key)
-        except (KeyError, IndexError, TypeError) as error:
+            entries = [(key, *blocks[i]) for key, i in data["lru"]]
+        except (KeyError, IndexError, TypeError, ValueError) as error:
             raise ValueError(f"malformed tool memory snapshot: {error!r}") from error
-        memory._evict()
-        return memory
+        with self._lock:
+            for key, text, call_ids in entries:
+                if isinstance(key, str) and isinstance(text, str) and key in call_ids:
+                    self._add(text, call_ids, only=key)
+            self._evict()
 
     # -- bookkeeping (lock held) -------------------------------------------------------
 

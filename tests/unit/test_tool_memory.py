@@ -70,6 +70,11 @@ def test_json_round_trip_keeps_blocks_and_lru_order() -> None:
     restored = ToolReplayMemory.from_json(data, max_ids=2)  # room for the two newest only
     assert restored.replay([HEX_A, HEX_B]) == "<b1>" and not restored.knows(HEX_C)
     assert ToolReplayMemory.from_json(memory.to_json()).replay([HEX_C]) == "<b2> ü"
+    subset = memory.to_json([f"toolu_{HEX_C}"])  # what one checkpoint's prompt replays
+    assert [b["text"] for b in subset["blocks"]] == ["<b2> ü"]
+    fresh = ToolReplayMemory()
+    fresh.merge_json(subset)
+    assert fresh.replay([HEX_C]) == "<b2> ü" and len(fresh) == 1
     with pytest.raises(ValueError):
         ToolReplayMemory.from_json({"version": 99})
     with pytest.raises(ValueError):
