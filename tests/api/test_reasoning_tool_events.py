@@ -341,3 +341,27 @@ async def test_every_api_reads_the_same_output(scenario: str, read, stream: bool
     h = _harness(output, eos=eos)
     max_tokens = len(output.encode()) + (5 if eos else 0)
     assert await read(h, stream, max_tokens) == expected
+
+
+async def test_responses_custom_tool_calls_are_custom_tool_call_items() -> None:
+    """A free-text tool (Codex's apply_patch): the model's `{"input": TEXT}` reaches the client as TEXT."""
+    patch = "*** Begin Patch\n*** Add File: a.py\n+print('<&>')\n*** End Patch"
+    call = json.dumps({"name": "apply_patch", "arguments": {"input": patch}})
+    h = _harness(f"<tool_call>\n{call}\n</tool_call>")
+    tools = [{"type": "custom", "name": "apply_patch", "description": "Edit files"}]
+    events = [
+        e async for e in await h.openai.responses.create(model="m", input="Edit", tools=tools, stream=True)
+    ]
+    types = [e.type for e in events]
+    assert types[2:7] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    (item,) = events[-1].response.output
+    assert (item.type, item.name, item.input) == ("custom_tool_call", "apply_patch", patch)
+    assert events[2].item.id == item.id and item.call_id.startswith("call_")
+    again = await h.openai.responses.create(model="m", input="Edit", tools=tools)
+    assert again.output[0].type == "custom_tool_call" and again.output[0].input == patch

@@ -7,6 +7,7 @@ Items are closed as soon as the next one starts, as OpenAI does.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -94,6 +95,9 @@ class ResponsesEncoder:
                     flat_tool_name(item["namespace"], item["name"]) if "namespace" in item else item["name"]
                 )
                 parts.append(ToolCallPart(item["call_id"], name, item["arguments"]))
+            elif item["type"] == "custom_tool_call":
+                arguments = json.dumps({"input": item["input"]}, ensure_ascii=False)
+                parts.append(ToolCallPart(item["call_id"], item["name"], arguments))
         return Message("assistant", tuple(parts))
 
     def start(self) -> list[str]:
@@ -142,6 +146,8 @@ class ResponsesEncoder:
                 return self._close() + self._open_item(self._function_call(call_id, name))
             case ToolCallArgsDelta(_, fragment):
                 assert self._open is not None
+                if self._open["type"] == "custom_tool_call":
+                    return []  # JSON fragments of {"input": ...}; the input text is sent whole at the end
                 self._open["arguments"] += fragment
                 self._args_streamed = True
                 return [
@@ -153,6 +159,9 @@ class ResponsesEncoder:
                     )
                 ]
             case ToolCallEnd(_, arguments):
+                assert self._open is not None
+                if self._open["type"] == "custom_tool_call":
+                    return self._end_custom_call(arguments)
                 return self._end_call(arguments)
             case Usage():
                 self._usage = event
@@ -220,6 +229,15 @@ class ResponsesEncoder:
         ]
 
     def _function_call(self, call_id: str, name: str) -> dict[str, Any]:
+        if any(t.name == name and t.kind == "custom" for t in self.tools):
+            return {
+                "id": new_id("ctc_"),
+                "type": "custom_tool_call",
+                "status": "in_progress",
+                "call_id": f"call_{call_id}",
+                "name": name,
+                "input": "",
+            }
         item = {
             "id": new_id("fc_"),
             "type": "function_call",
@@ -263,6 +281,18 @@ class ResponsesEncoder:
             )
         )
         return frames + self._close()
+
+    def _end_custom_call(self, arguments: str) -> list[str]:
+        """A free-text tool's call: the model wrote `{"input": TEXT}`; the client gets TEXT."""
+        item = self._open
+        assert item is not None
+        item["input"] = custom_input(arguments)
+        ids = {"item_id": item["id"], "output_index": self._index}
+        return [
+            self._frame("response.custom_tool_call_input.delta", **ids, delta=item["input"]),
+            self._frame("response.custom_tool_call_input.done", **ids, input=item["input"]),
+            *self._close(),
+        ]
 
     def _close(self, status: str = "completed") -> list[str]:
         item, self._open = self._open, None
@@ -323,6 +353,16 @@ class ResponsesEncoder:
         frame = event_frame(event_type, {"type": event_type, "sequence_number": self._sequence, **payload})
         self._sequence += 1
         return frame
+
+
+def custom_input(arguments: str) -> str:
+    """The text of a custom tool call from its arguments JSON (`{"input": TEXT}`; else the JSON itself)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    text = value.get("input") if isinstance(value, dict) else None
+    return text if isinstance(text, str) else arguments
 
 
 def _snapshot(item: dict[str, Any]) -> dict[str, Any]:
