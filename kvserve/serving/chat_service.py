@@ -273,11 +273,11 @@ class ChatService:
     ) -> None:
         """Feed tool replay memory with the calls' sampled text, and keep the exact sequence of a turn
         that ended in tool calls for live continuation."""
-        sampled: dict[str, str] = getattr(run.pipeline.segmenter, "sampled_calls", {})
-        if not sampled or prepared.chat is None:
+        blocks: list[tuple[str, tuple[str, ...]]] = getattr(run.pipeline.segmenter, "sampled_blocks", [])
+        if not blocks or prepared.chat is None:
             return
         if self.tool_memory is not None:
-            self.tool_memory.remember(sampled)
+            self.tool_memory.remember(blocks)
         finished = closing[-1] if closing else None
         if (
             self.live_sequences is None
@@ -291,7 +291,7 @@ class ChatService:
         )
         self.live_sequences.save(
             LiveSequence(
-                call_ids=tuple(sampled),
+                call_ids=tuple(call_id for _, ids in blocks for call_id in ids),
                 token_ids=(*prepared.prompt_token_ids, *output),
                 text=prepared.prompt_text + self.detokenize(output),
                 end_text=end_text,

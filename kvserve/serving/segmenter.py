@@ -67,6 +67,7 @@ class ModelOutputSegmenter:
         self._ids: dict[int, str] = {}
         # call id -> the exact sampled markup of its block, for tool replay memory (issue 4).
         self.sampled_calls: dict[str, str] = {}
+        self._blocks: dict[int, tuple[str, list[str]]] = {}  # block number -> (markup, its call ids)
 
     def feed(self, text: str) -> list[GenerationEvent]:
         if self._reasoning is None:
@@ -103,8 +104,15 @@ class ModelOutputSegmenter:
         if isinstance(event, CallArgs):
             return ToolCallArgsDelta(event.index, event.fragment)
         assert isinstance(event, CallEnd)
-        self.sampled_calls[self._ids[event.index]] = event.raw
+        call_id = self._ids[event.index]
+        self.sampled_calls[call_id] = event.raw
+        self._blocks.setdefault(event.block, (event.raw, []))[1].append(call_id)
         return ToolCallEnd(event.index, event.arguments)
+
+    @property
+    def sampled_blocks(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Each parsed block's exact markup and the ids of its calls, in output order."""
+        return [(raw, tuple(ids)) for raw, ids in self._blocks.values()]
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,10 @@ def call_key(call_id: str) -> str:
 
 @dataclass
 class _Block:
-    """One sampled block and the calls it holds, in order."""
+    """One sampled block, stored once even when turns sampled the same text (an agent repeating `ls`)."""
 
     text: str
-    call_ids: tuple[str, ...]
+    num_calls: int  # calls the block holds
     num_bytes: int
     num_refs: int = 0  # ids in the memory that point here
 
@@ -68,24 +68,23 @@ class ToolReplayMemory:
     def num_bytes(self) -> int:
         return self._num_bytes
 
-    def remember(self, sampled: Mapping[str, str]) -> None:
-        """`sampled`: call id -> the exact markup of the block holding it (calls of a block share it)."""
-        by_text: dict[str, list[str]] = {}
-        for call_id, text in sampled.items():
-            by_text.setdefault(text, []).append(call_key(call_id))
+    def remember(self, blocks: Iterable[tuple[str, Sequence[str]]]) -> None:
+        """`blocks`: each sampled block's exact markup and the ids of the calls it holds (the
+        composer's `sampled_blocks`)."""
         with self._lock:
-            for text, keys in by_text.items():
-                self._add(text, tuple(keys))
+            for text, call_ids in blocks:
+                if call_ids:
+                    self._add(text, len(call_ids), [call_key(i) for i in call_ids])
             self._evict()
 
     def replay(self, call_ids: Sequence[str]) -> str | None:
-        """The sampled text of exactly these calls, in this order; None unless every call is known and
-        the blocks hold no call the turn lacks (replaying those would invent a call)."""
+        """The sampled text of these calls' blocks, in order; None unless every call is known and the
+        blocks hold no call the turn lacks (replaying those would invent a call)."""
         keys = [call_key(i) for i in call_ids]
         with self._lock:
-            texts = list(dict.fromkeys(self._ids.get(k) for k in keys))
-            blocks = [self._blocks[t] for t in texts if t is not None]
-            if not keys or None in texts or [k for b in blocks for k in b.call_ids] != keys:
+            texts = [self._ids.get(k) for k in keys]
+            blocks = [self._blocks[t] for t in dict.fromkeys(texts) if t is not None]
+            if not keys or None in texts or sum(b.num_calls for b in blocks) != len(keys):
                 self.num_misses += 1
                 return None
             for key in keys:
@@ -107,7 +106,7 @@ class ToolReplayMemory:
             index = {t: i for i, t in enumerate(texts)}
             return {
                 "version": JSON_VERSION,
-                "blocks": [{"text": t, "call_ids": list(self._blocks[t].call_ids)} for t in texts],
+                "blocks": [{"text": t, "num_calls": self._blocks[t].num_calls} for t in texts],
                 "lru": [[key, index[text]] for key, text in entries],
             }
 
@@ -125,24 +124,24 @@ class ToolReplayMemory:
         if data.get("version") != JSON_VERSION:
             raise ValueError(f"tool memory snapshot version {data.get('version')!r} is not {JSON_VERSION}")
         try:
-            blocks = [(b["text"], tuple(b["call_ids"])) for b in data["blocks"]]
+            blocks = [(b["text"], int(b["num_calls"])) for b in data["blocks"]]
             entries = [(key, *blocks[i]) for key, i in data["lru"]]
         except (KeyError, IndexError, TypeError, ValueError) as error:
             raise ValueError(f"malformed tool memory snapshot: {error!r}") from error
         with self._lock:
-            for key, text, call_ids in entries:
-                if isinstance(key, str) and isinstance(text, str) and key in call_ids:
-                    self._add(text, call_ids, only=key)
+            for key, text, num_calls in entries:
+                if isinstance(key, str) and isinstance(text, str) and num_calls > 0:
+                    self._add(text, num_calls, (key,))
             self._evict()
 
     # -- bookkeeping (lock held) -------------------------------------------------------
 
-    def _add(self, text: str, call_ids: tuple[str, ...], only: str | None = None) -> None:
+    def _add(self, text: str, num_calls: int, keys: Iterable[str]) -> None:
         block = self._blocks.get(text)
         if block is None:
-            block = self._blocks[text] = _Block(text, call_ids, len(text.encode("utf-8", "surrogatepass")))
+            block = self._blocks[text] = _Block(text, num_calls, len(text.encode("utf-8", "surrogatepass")))
             self._num_bytes += block.num_bytes
-        for key in call_ids if only is None else (only,):
+        for key in keys:
             old = self._ids.pop(key, None)
             self._ids[key] = text
             if old == text:

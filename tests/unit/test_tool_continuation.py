@@ -59,7 +59,7 @@ def test_find_live_sequence_rules() -> None:
         find_live_sequence(stranger, RESPONSES, live, None)
     assert caught.value.status == 400 and "call_id call_zzz" in caught.value.message
     memory = ToolReplayMemory()
-    memory.remember({HEX: "<call>"})
+    memory.remember([("<call>", [HEX])])
     with pytest.raises(RequestError) as caught:
         find_live_sequence(ChatRequest(messages=(RESULT,)), ANTHROPIC, LiveSequences(), memory)
     assert caught.value.status == 409

@@ -33,38 +33,48 @@ def test_client_prefixes_name_the_same_call() -> None:
 
 def test_replays_exactly_the_calls_of_remembered_blocks() -> None:
     memory = ToolReplayMemory()
-    memory.remember({HEX_A: "<block1>", HEX_B: "<block1>", HEX_C: "<block2>"})
+    memory.remember([("<block1>", [HEX_A, HEX_B]), ("<block2>", [HEX_C])])
     assert memory.replay([f"call_{HEX_A}", f"call_{HEX_B}"]) == "<block1>"
     assert memory.replay([HEX_A, HEX_B, HEX_C]) == "<block1><block2>"
     assert memory.replay([HEX_A]) is None  # the block also holds B: replaying it would invent a call
-    assert memory.replay([HEX_B, HEX_A]) is None  # another order than sampled
+    assert memory.replay([HEX_B, HEX_A]) == "<block1>"  # the client's call order: the sampled text
     assert memory.replay([HEX_A, HEX_B, "d" * 32]) is None
     assert memory.num_bytes == len("<block1>") + len("<block2>")  # a shared block counts once
-    assert (memory.num_hits, memory.num_misses) == (2, 3)
+    assert (memory.num_hits, memory.num_misses) == (3, 2)
+
+
+def test_turns_that_sampled_the_same_text_both_replay() -> None:
+    """An agent running the same call twice: one stored block, both turns replay it."""
+    memory = ToolReplayMemory()
+    memory.remember([("<ls>", [HEX_A])])
+    memory.remember([("<ls>", [HEX_B])])
+    assert memory.replay([HEX_A]) == memory.replay([HEX_B]) == "<ls>"
+    assert memory.num_bytes == len("<ls>")
+    assert memory.replay([HEX_A, HEX_B]) is None  # two calls, but each block holds one
 
 
 def test_bounded_by_ids_oldest_out_and_lookups_refresh() -> None:
     memory = ToolReplayMemory(max_ids=2)
-    memory.remember({HEX_A: "a"})
-    memory.remember({HEX_B: "b"})
+    memory.remember([("a", [HEX_A])])
+    memory.remember([("b", [HEX_B])])
     assert memory.replay([HEX_A]) == "a"  # A is now the most recent
-    memory.remember({HEX_C: "c"})
+    memory.remember([("c", [HEX_C])])
     assert len(memory) == 2 and memory.knows(HEX_A) and not memory.knows(HEX_B)
 
 
 def test_bounded_by_bytes_and_a_block_leaves_with_its_last_id() -> None:
     memory = ToolReplayMemory(max_bytes=10)
-    memory.remember({HEX_A: "x" * 6})
-    memory.remember({HEX_B: "y" * 6})
+    memory.remember([("x" * 6, [HEX_A])])
+    memory.remember([("y" * 6, [HEX_B])])
     assert not memory.knows(HEX_A) and memory.knows(HEX_B) and memory.num_bytes == 6
-    memory.remember({HEX_C: "z" * 11})  # larger than the whole budget: never kept
+    memory.remember([("z" * 11, [HEX_C])])  # larger than the whole budget: never kept
     assert len(memory) == 0 and memory.num_bytes == 0
 
 
 def test_json_round_trip_keeps_blocks_and_lru_order() -> None:
     memory = ToolReplayMemory()
-    memory.remember({HEX_A: "<b1>", HEX_B: "<b1>"})
-    memory.remember({HEX_C: "<b2> ü"})
+    memory.remember([("<b1>", [HEX_A, HEX_B])])
+    memory.remember([("<b2> ü", [HEX_C])])
     memory.replay([HEX_A, HEX_B])  # A, B newest
     data = json.loads(json.dumps(memory.to_json()))
     restored = ToolReplayMemory.from_json(data, max_ids=2)  # room for the two newest only
@@ -99,7 +109,7 @@ def test_reordered_arguments_render_the_sampled_bytes(template: str | None) -> N
     the call, any re-serialization of its arguments renders the same, sampled, bytes."""
     renderer = ChatRenderer(QWEN_LIKE if template else None)
     memory = ToolReplayMemory()
-    memory.remember({HEX_A: SAMPLED})
+    memory.remember([(SAMPLED, [HEX_A])])
     spellings = [
         '{"city": "Paris", "unit": "C"}',
         '{"unit":"C","city":"Paris"}',
@@ -142,3 +152,24 @@ QWEN_LIKE = (
     "{% endfor %}{% if tools %}{% endif %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def test_two_equal_blocks_in_one_output_never_lose_a_call() -> None:
+    """Blocks are stored by text, so one output with the same block twice cannot be told from one
+    block: that turn renders canonically rather than with one call missing."""
+    memory = ToolReplayMemory()
+    memory.remember([("<ls>", [HEX_A]), ("<ls>", [HEX_B])])
+    assert memory.replay([HEX_A, HEX_B]) is None
+
+
+def test_the_composer_reports_each_block_with_its_calls() -> None:
+    from kvserve.serving.segmenter import OutputSyntax
+
+    segmenter = OutputSyntax("hermes", None).segmenter(_history("{}"))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
+    for piece in ("text\n", call, "\n\n", call):
+        segmenter.feed(piece)
+    segmenter.finish()
+    (first, ids1), (second, ids2) = segmenter.sampled_blocks
+    assert (first, second) == ("\n" + call, "\n\n" + call) and len(ids1) == len(ids2) == 1
+    assert segmenter.sampled_calls == {ids1[0]: first, ids2[0]: second}
