@@ -114,6 +114,8 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     model_name = args.served_model_name or Path(args.model).stem
     syntax = OutputSyntax.detect(core.loaded.tokenizer.chat_template, args.tool_parser)
     logger.info("model output: %s", syntax.describe())
+    if args.disable_exact_tool_replay:
+        logger.info("exact tool replay is off: history tool calls render canonically from their JSON")
     service = ChatService(
         engine,
         core.loaded.tokenizer,

@@ -141,6 +141,8 @@ class ChatService:
         prompt = continue_sequence(request, cut, sequence, self.render, self._tokenize_rest)
         if prompt is None and cut.calling_turn is None:
             raise wording.gone()  # nothing else to render the calls from
+        if prompt is not None:
+            logger.debug("tool results continue a live sequence of %d tokens", len(sequence.token_ids))
         return prompt
 
     def prepare_text(
