@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -294,7 +295,7 @@ class ChatService:
         self.live_sequences.save(
             LiveSequence(
                 call_ids=tuple(call_id for _, ids in blocks for call_id in ids),
-                token_ids=(*prepared.prompt_token_ids, *output),
+                token_ids=array("i", prepared.prompt_token_ids + output),
                 text=prepared.prompt_text + self.detokenize(output),
                 end_text=end_text,
                 fingerprint=request_fingerprint(prepared.chat, prepared.chat.messages),

@@ -13,7 +13,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,7 +21,8 @@ from kvserve.chat.conversation import ChatRequest, Message
 from kvserve.serving.conversation_codec import encode_messages
 
 DEFAULT_MAX_SEQUENCES = 256
-DEFAULT_MAX_TOKENS = 8_000_000
+# Ids are kept as 4-byte ints (about 16 MB) plus the text (a few bytes a token).
+DEFAULT_MAX_TOKENS = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class LiveSequence:
     it ended the turn (EOS), else "": continuations keep or replace it by what the template writes."""
 
     call_ids: tuple[str, ...]
-    token_ids: tuple[int, ...]
+    token_ids: Sequence[int]  # an array('i') in the server: a long agent context is 100K+ tokens
     text: str
     end_text: str
     fingerprint: str  # of the conversation that was rendered into the prompt (request_fingerprint)
