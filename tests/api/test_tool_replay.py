@@ -27,6 +27,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": 
 OPENAI_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
 RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
 ANTHROPIC_TOOLS = [{"name": "get_weather", "input_schema": WEATHER}]
+QUESTION_ANTHROPIC = [{"role": "user", "content": "Weather in Paris?"}]
 TAIL = "\n<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -252,3 +253,23 @@ async def test_chat_completions_keep_unbound_tool_results() -> None:
     body = {"model": "m", "messages": [{"role": "tool", "tool_call_id": "x", "content": "18 C"}]}
     response = await h.http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
+
+
+async def test_anthropic_full_replay_allows_an_unknown_id(h: Harness) -> None:
+    """Calls made elsewhere (another server, a client-side edit): the history carries them, so render."""
+    assistant = {
+        "role": "assistant",
+        "content": [
+            {"type": "tool_use", "id": "toolu_elsewhere", "name": "get_weather", "input": {"city": "Oslo"}}
+        ],
+    }
+    body = {
+        "model": "m",
+        "max_tokens": 50,
+        "messages": [*QUESTION_ANTHROPIC, assistant, _result("toolu_elsewhere")],
+        "tools": ANTHROPIC_TOOLS,
+    }
+    response = await h.http.post("/v1/messages", json=body)
+    assert response.status_code == 200, response.text
+    prompt = _text(h.engine.requests[0][0])
+    assert '"arguments": {"city": "Oslo"}' in prompt and prompt.endswith(TAIL)
