@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kvserve.chat.tools import ToolSchemaError
 from kvserve.serving.errors import ContextLengthExceededError, RequestError
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class ApiError(Exception):
         extra = {}
         if isinstance(error, ContextLengthExceededError):
             extra = {"n_prompt_tokens": error.n_prompt_tokens, "n_ctx": error.n_ctx}
-        return cls(400, error.message, param=error.param, code=error.code, extra=extra)
+        return cls(error.status, error.message, param=error.param, code=error.code, extra=extra)
 
 
 def is_anthropic_path(path: str) -> bool:
@@ -127,6 +128,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, error: RequestError) -> JSONResponse:
         return error_response(request.url.path, ApiError.from_request_error(error))
+
+    @app.exception_handler(ToolSchemaError)
+    async def _tool_schema_error(request: Request, error: ToolSchemaError) -> JSONResponse:
+        return error_response(request.url.path, ApiError(400, str(error), param=error.param))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

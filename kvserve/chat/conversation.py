@@ -52,8 +52,13 @@ Part = TextPart | ReasoningPart | ToolCallPart | ToolResultPart | ImagePart
 
 @dataclass(frozen=True)
 class Message:
+    """`replay` is set (by ChatService, from tool replay memory) on an assistant turn whose calls the
+    model sampled here: the exact sampled markup of those calls, rendered instead of re-serializing
+    them, so the prompt repeats the sampled bytes and the next turn hits the KV prefix cache."""
+
     role: Role
     parts: tuple[Part, ...] = ()
+    replay: str | None = None
 
     @property
     def text(self) -> str:
@@ -72,13 +77,35 @@ class Message:
         return any(isinstance(p, ImagePart) for p in self.parts)
 
 
+ToolKind = Literal["function", "custom"]
+
+
 @dataclass(frozen=True)
 class ToolSpec:
-    """A function the model may call; `parameters` is a JSON Schema object (key order kept)."""
+    """A function the model may call; `parameters` is a JSON Schema object (key order kept).
+
+    `name` is what the model sees: for a tool inside a Responses namespace it is the flattened
+    `namespace__name` (chat/tools.py), and `namespace` keeps the client's pair so outputs can be
+    split back. `kind` "custom" is a free-text tool (one string argument `input`); `strict` is the
+    client's flag, passed on to constrained decoding."""
 
     name: str
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    namespace: str | None = None
+    kind: ToolKind = "function"
+    strict: bool | None = None
+
+    @property
+    def wire_name(self) -> str:
+        """The name as the client spelled it (without the namespace prefix)."""
+        if self.namespace is None:
+            return self.name
+        return self.name.removeprefix(self.namespace).removeprefix(NAMESPACE_SEPARATOR)
+
+
+# Responses namespace tools (Codex's MCP servers) are offered to the model as `namespace__name`.
+NAMESPACE_SEPARATOR = "__"
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,9 @@ def tool_call_text(call: ToolCallPart) -> str:
 
 
 def tool_response_text(content: str) -> str:
-    return f"<tool_response>\n{content}\n</tool_response>"
+    """A result inside <tool_response>; only its own closer is escaped, so code reaches the model as is."""
+    escaped = content.replace("</tool_response>", "&lt;/tool_response>")
+    return f"<tool_response>\n{escaped}\n</tool_response>"
 
 
 def needs_rewrite(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> bool:
@@ -77,8 +79,13 @@ def hermes_messages(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> t
 
 
 def _with_call_text(message: Message) -> Message:
-    calls = "\n".join(tool_call_text(c) for c in message.tool_calls)
-    separator = "\n" if message.text else ""
+    """The calls written into the assistant's text: the exact sampled bytes when tool replay memory
+    knows them (they carry their own leading whitespace), else canonical Hermes blocks."""
+    if message.replay is not None:
+        calls, separator = message.replay, ""
+    else:
+        calls = "\n".join(tool_call_text(c) for c in message.tool_calls)
+        separator = "\n" if message.text else ""
     kept = tuple(p for p in message.parts if not isinstance(p, ToolCallPart))
     return Message("assistant", (*kept, TextPart(separator + calls)))
 

@@ -22,6 +22,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from kvserve.chat.conversation import ChatRequest, ImagePart, Message, TextPart, ToolResultPart
 from kvserve.chat.hermes_tools import hermes_messages
 
+# Closing markers that templates wrap tool results in. A result containing its own closer would end
+# the block early, so only that closer is escaped (ref §5.2); `<`, `>`, `&` in code stay as they are.
+RESULT_CLOSERS = ("</tool_response>", "</tool_result>")
+
 # Used when the model file has no template (base models): plain ChatML.
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -103,6 +107,7 @@ class ChatRenderer:
         # A template that ignores `tools` (SmolLM2's ChatML, the fallback above) gets the tools, calls
         # and results written into the messages Hermes-style instead (chat/hermes_tools.py).
         self.renders_tools = renders_tools(self.template_source)
+        self.result_closers = tuple(c for c in RESULT_CLOSERS if c in self.template_source)
 
     def render(self, request: ChatRequest, add_generation_prompt: bool = True) -> str:
         messages = request.messages
@@ -110,7 +115,7 @@ class ChatRenderer:
             messages = hermes_messages(messages, request.active_tools)
         context: dict[str, Any] = {
             **self.special_tokens,
-            "messages": to_template_messages(messages),
+            "messages": to_template_messages(messages, self.result_closers),
             "add_generation_prompt": add_generation_prompt,
         }
         if request.active_tools and self.renders_tools:
@@ -136,18 +141,33 @@ class ChatRenderer:
             raise ChatTemplateError(f"chat template cannot render this conversation: {error}") from error
 
 
-def to_template_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+def escape_result(text: str, closers: tuple[str, ...]) -> str:
+    """Tool-result text with only the wrapper's own closing marker escaped (`</x>` -> `&lt;/x>`)."""
+    for closer in closers:
+        text = text.replace(closer, "&lt;" + closer[1:])
+    return text
+
+
+def to_template_messages(
+    messages: tuple[Message, ...], result_closers: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     """Canonical messages -> the dict shapes HF templates expect."""
     names_by_call_id = {c.id: c.name for m in messages for c in m.tool_calls}
-    return [_to_template_message(m, names_by_call_id) for m in messages]
+    return [_to_template_message(m, names_by_call_id, result_closers) for m in messages]
 
 
-def _to_template_message(message: Message, names_by_call_id: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": _template_content(message)}
+def _to_template_message(
+    message: Message, names_by_call_id: dict[str, str], result_closers: tuple[str, ...]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": _template_content(message, result_closers)}
     if message.role == "assistant":
         if message.reasoning:
             out["reasoning_content"] = message.reasoning
-        if message.tool_calls:
+        if message.replay is not None:
+            # The model's own bytes: after the generation prompt it wrote its text, then these calls.
+            # The template renders them as content, so it must not render the calls again.
+            out["content"] = message.text + message.replay
+        elif message.tool_calls:
             out["tool_calls"] = [
                 {
                     "id": c.id,
@@ -165,9 +185,10 @@ def _to_template_message(message: Message, names_by_call_id: dict[str, str]) -> 
     return out
 
 
-def _template_content(message: Message) -> str | list[dict[str, Any]]:
+def _template_content(message: Message, result_closers: tuple[str, ...]) -> str | list[dict[str, Any]]:
     # Templates concatenate `content` as a string; only multimodal messages get the list form.
-    text = message.text + "".join(p.content for p in message.parts if isinstance(p, ToolResultPart))
+    results = "".join(p.content for p in message.parts if isinstance(p, ToolResultPart))
+    text = message.text + escape_result(results, result_closers)
     if not message.has_images:
         return text
     parts: list[dict[str, Any]] = []

@@ -7,16 +7,14 @@ second one hits the KV cache. Key order is the client's (it is meaningful to the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvserve.chat.conversation import ToolSpec
+from kvserve.chat.conversation import NAMESPACE_SEPARATOR, ToolSpec
 
-# Responses namespace tools (Codex's MCP servers) are offered to the model as `namespace__name`;
-# kvserve/api/openai_responses/adapter.py uses the same separator for calls replayed in history.
-NAMESPACE_SEPARATOR = "__"
 # Anthropic tools with a `type` other than these are hosted (web_search_…, bash_…): Anthropic runs them.
 _ANTHROPIC_CLIENT_TYPES = (None, "custom")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -48,7 +46,7 @@ def canonical_json_text(text: str) -> str:
 
 def canonical_tool(spec: ToolSpec) -> ToolSpec:
     """The spec with parameters round-tripped through JSON (plain dicts/lists, nothing else)."""
-    return ToolSpec(spec.name, spec.description, json.loads(canonical_json(spec.parameters)))
+    return dataclasses.replace(spec, parameters=json.loads(canonical_json(spec.parameters)))
 
 
 def tool_schema_text(spec: ToolSpec) -> str:
@@ -96,14 +94,23 @@ def tools_from_responses(tools: Iterable[Mapping[str, Any]], param: str = "tools
             for k, inner in enumerate(tool.get("tools") or ()):
                 if isinstance(inner, Mapping) and inner.get("type", "function") == "function":
                     spec = _spec(inner, "parameters", f"{param}.{i}.tools.{k}")
-                    specs.append(
-                        ToolSpec(flat_tool_name(namespace, spec.name), spec.description, spec.parameters)
-                    )
+                    name = flat_tool_name(namespace, spec.name)
+                    specs.append(dataclasses.replace(spec, name=name, namespace=namespace))
     return tuple(specs)
 
 
 def flat_tool_name(namespace: str, name: str) -> str:
+    """The stable prompt-side name of tool `name` inside a Responses namespace tool."""
     return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
+def split_tool_name(name: str, tools: Iterable[ToolSpec]) -> tuple[str | None, str]:
+    """A name the model wrote -> (namespace, the client's name): the inverse of flat_tool_name for
+    the tools offered; names of other tools come back unchanged with no namespace."""
+    for spec in tools:
+        if spec.name == name and spec.namespace is not None:
+            return spec.namespace, spec.wire_name
+    return None, name
 
 
 def _spec(tool: Mapping[str, Any], schema_key: str, param: str) -> ToolSpec:
@@ -116,7 +123,15 @@ def _spec(tool: Mapping[str, Any], schema_key: str, param: str) -> ToolSpec:
     elif not isinstance(schema, Mapping):
         raise ToolSchemaError(f"{param}.{schema_key} must be a JSON object", f"{param}.{schema_key}")
     description = tool.get("description")
-    return canonical_tool(ToolSpec(name, description if isinstance(description, str) else "", dict(schema)))
+    strict = tool.get("strict")
+    return canonical_tool(
+        ToolSpec(
+            name,
+            description if isinstance(description, str) else "",
+            dict(schema),
+            strict=strict if isinstance(strict, bool) else None,
+        )
+    )
 
 
 def _custom_spec(tool: Mapping[str, Any], param: str) -> ToolSpec:
@@ -124,4 +139,4 @@ def _custom_spec(tool: Mapping[str, Any], param: str) -> ToolSpec:
     the shape kvserve/api/openai_responses/adapter.py gives custom tool calls in history."""
     spec = _spec({**tool, "parameters": None}, "parameters", param)
     parameters = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-    return ToolSpec(spec.name, spec.description, parameters)
+    return dataclasses.replace(spec, parameters=parameters, kind="custom")

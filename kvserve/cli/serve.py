@@ -62,6 +62,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         choices=sorted(TOOL_SYNTAXES),
         help="tool-call syntax of the model's output (default: detected from the chat template)",
     )
+    g.add_argument(
+        "--disable-exact-tool-replay",
+        action="store_true",
+        help="render tool calls replayed in history canonically from their JSON, not as the exact text "
+        "the model sampled (turn N+1 then misses the KV cache from the first such call on)",
+    )
     add_engine_args(p)
 
 
@@ -93,8 +99,10 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     from kvserve.api.settings import ApiSettings
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.live_sequences import LiveSequences
     from kvserve.serving.response_store import ResponseStore
     from kvserve.serving.segmenter import OutputSyntax
+    from kvserve.serving.tool_memory import ToolReplayMemory
 
     if args.chdir:
         try:
@@ -106,8 +114,16 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     model_name = args.served_model_name or Path(args.model).stem
     syntax = OutputSyntax.detect(core.loaded.tokenizer.chat_template, args.tool_parser)
     logger.info("model output: %s", syntax.describe())
+    if args.disable_exact_tool_replay:
+        logger.info("exact tool replay is off: history tool calls render canonically from their JSON")
     service = ChatService(
-        engine, core.loaded.tokenizer, core.max_model_len, model_name, segmenter_factory=syntax.segmenter
+        engine,
+        core.loaded.tokenizer,
+        core.max_model_len,
+        model_name,
+        segmenter_factory=syntax.segmenter,
+        tool_memory=None if args.disable_exact_tool_replay else ToolReplayMemory(),
+        live_sequences=LiveSequences(),
     )
     settings = ApiSettings(
         served_model_name=model_name,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -26,9 +27,18 @@ from kvserve.serving.errors import ContextLengthExceededError, RequestError
 from kvserve.serving.events import Failed, Finished, GenerationEvent, Usage
 from kvserve.serving.generation_run import GenerationRun
 from kvserve.serving.heartbeat import with_heartbeat
+from kvserve.serving.live_sequences import LiveSequence, LiveSequences, request_fingerprint
 from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter, TextSegmenter
 from kvserve.serving.prefill_progress import PrefillTracker
 from kvserve.serving.token_text import TokenTexts
+from kvserve.serving.tool_continuation import (
+    ContinuationWording,
+    PromptTokens,
+    continue_sequence,
+    find_live_sequence,
+    reuse_live_prefix,
+)
+from kvserve.serving.tool_memory import ToolReplayMemory, attach_replays
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +47,12 @@ MAX_LOGIT_BIAS = 100.0
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
-# Issue 4's seam: given the chat request (tools offered? reasoning on?), the parser for the model's
-# output syntax. The default passes text through.
-SegmenterFactory = Callable[[ChatRequest], TextSegmenter]
+# Issue 4's seam: given the chat request (tools offered? reasoning on?) and its rendered prompt (does
+# it open a reasoning block?), the parser for the model's output syntax. The default passes text through.
+SegmenterFactory = Callable[[ChatRequest, str], TextSegmenter]
 
 
-def plain_text_segmenter(request: ChatRequest) -> TextSegmenter:
+def plain_text_segmenter(request: ChatRequest, prompt_text: str) -> TextSegmenter:
     return PlainTextSegmenter()
 
 
@@ -55,6 +65,7 @@ class PreparedRequest:
     params: SamplingParams | None  # None when max_tokens is 0: nothing to generate
     stop: tuple[str, ...]
     chat: ChatRequest | None = None  # None for raw-prompt completions: their output is not parsed
+    prompt_text: str = ""  # the rendered prompt (chat requests)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -71,7 +82,11 @@ class ChatService:
         keepalive_s: float = 5.0,
         supports_images: bool = False,
         segmenter_factory: SegmenterFactory = plain_text_segmenter,
+        tool_memory: ToolReplayMemory | None = None,
+        live_sequences: LiveSequences | None = None,
     ):
+        """`tool_memory` None turns exact tool replay off (--disable-exact-tool-replay); `live_sequences`
+        None turns live tool continuation off."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -79,6 +94,8 @@ class ChatService:
         self.keepalive_s = keepalive_s
         self.supports_images = supports_images
         self.segmenter_factory = segmenter_factory
+        self.tool_memory = tool_memory
+        self.live_sequences = live_sequences
         hf = tokenizer.tokenizer
         special = {
             name: getattr(hf, name)
@@ -93,22 +110,50 @@ class ChatService:
     def render(self, request: ChatRequest) -> str:
         if not self.supports_images and any(m.has_images for m in request.messages):
             raise RequestError("this model does not accept image inputs", param="messages")
+        if self.tool_memory is not None:
+            request = attach_replays(request, self.tool_memory)
         try:
             return self.renderer.render(request)
         except ChatTemplateError as error:
             raise RequestError(str(error), param="messages") from error
 
     def prepare_chat(
-        self, request: ChatRequest, param: str = "messages", request_id: str | None = None
+        self,
+        request: ChatRequest,
+        param: str = "messages",
+        request_id: str | None = None,
+        continuation: ContinuationWording | None = None,
     ) -> PreparedRequest:
-        token_ids = self.tokenize(self.render(request), add_special_tokens=False)
-        return self._prepare(token_ids, request.options, param, request_id, chat=request)
+        """`continuation` (Responses, Anthropic) lets trailing tool results continue a live sequence."""
+        prompt = self._live_prompt(request, continuation) if continuation is not None else None
+        if prompt is None:
+            text = self.render(request)
+            prompt = reuse_live_prefix(text, request.messages, self.live_sequences, self._tokenize_rest)
+            prompt = prompt or PromptTokens(self.tokenize(text, add_special_tokens=False), text)
+        return self._prepare(
+            prompt.token_ids, request.options, param, request_id, chat=request, prompt_text=prompt.text
+        )
+
+    def _live_prompt(self, request: ChatRequest, wording: ContinuationWording) -> PromptTokens | None:
+        found = find_live_sequence(request, wording, self.live_sequences, self.tool_memory)
+        if found is None:
+            return None
+        cut, sequence = found
+        prompt = continue_sequence(request, cut, sequence, self.render, self._tokenize_rest)
+        if prompt is None and cut.calling_turn is None:
+            raise wording.gone()  # nothing else to render the calls from
+        if prompt is not None:
+            logger.debug("tool results continue a live sequence of %d tokens", len(sequence.token_ids))
+        return prompt
 
     def prepare_text(
         self, request: TextRequest, param: str = "prompt", request_id: str | None = None
     ) -> PreparedRequest:
         token_ids = self.tokenize(request.prompt, add_special_tokens=True)
         return self._prepare(token_ids, request.options, param, request_id)
+
+    def _tokenize_rest(self, text: str) -> list[int]:
+        return self.tokenize(text, add_special_tokens=False)
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         """Tokens of `text`; with add_special_tokens, BOS is prepended where the model wants it."""
@@ -128,6 +173,7 @@ class ChatService:
         param: str,
         request_id: str | None,
         chat: ChatRequest | None = None,
+        prompt_text: str = "",
     ) -> PreparedRequest:
         if not token_ids:
             raise RequestError("the prompt is empty", param=param)
@@ -138,7 +184,8 @@ class ChatService:
         params = self._sampling_params(options, max(max_tokens, 1))  # checked even if nothing runs
         # A fresh suffix keeps engine ids unique even when a client reuses its x-request-id.
         engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if request_id else uuid.uuid4().hex
-        return PreparedRequest(engine_id, token_ids, params if max_tokens > 0 else None, options.stop, chat)
+        params = params if max_tokens > 0 else None
+        return PreparedRequest(engine_id, token_ids, params, options.stop, chat, prompt_text)
 
     def _sampling_params(self, options: GenerationOptions, max_tokens: int) -> SamplingParams:
         s = options.sampling
@@ -205,7 +252,9 @@ class ChatService:
         finally:
             await _aclose(beats)
             await _aclose(outputs)
-        for event in run.finish():
+        closing = run.finish()
+        self._remember_tool_calls(prepared, run, closing)  # before the client can send the results
+        for event in closing:
             yield event
 
     def _new_run(self, prepared: PreparedRequest) -> GenerationRun:
@@ -213,12 +262,45 @@ class ChatService:
         pipeline = OutputPipeline(
             IncrementalDetokenizer(self.tokenizer.tokenizer, prepared.prompt_token_ids),
             StopMatcher(prepared.stop),
-            PlainTextSegmenter() if prepared.chat is None else self.segmenter_factory(prepared.chat),
+            PlainTextSegmenter()
+            if prepared.chat is None
+            else self.segmenter_factory(prepared.chat, prepared.prompt_text),
         )
         prefill = PrefillTracker(prepared.request_id, prepared.num_prompt_tokens)
         wants_logprobs = prepared.params.logprobs is not None
         token_texts = self.token_texts if wants_logprobs else None
         return GenerationRun(pipeline, prefill, token_texts, self.tokenizer.eos_token_ids)
+
+    def _remember_tool_calls(
+        self, prepared: PreparedRequest, run: GenerationRun, closing: list[GenerationEvent]
+    ) -> None:
+        """Feed tool replay memory with the calls' sampled text, and keep the exact sequence of a turn
+        that ended in tool calls for live continuation."""
+        blocks: list[tuple[str, tuple[str, ...]]] = getattr(run.pipeline.segmenter, "sampled_blocks", [])
+        if not blocks or prepared.chat is None:
+            return
+        if self.tool_memory is not None:
+            self.tool_memory.remember(blocks)
+        finished = closing[-1] if closing else None
+        if (
+            self.live_sequences is None
+            or not isinstance(finished, Finished)
+            or finished.reason != "tool_calls"
+        ):
+            return
+        output = run.output_token_ids
+        end_text = (
+            self.detokenize(output[-1:]) if output[-1:] and output[-1] in self.tokenizer.eos_token_ids else ""
+        )
+        self.live_sequences.save(
+            LiveSequence(
+                call_ids=tuple(call_id for _, ids in blocks for call_id in ids),
+                token_ids=array("i", prepared.prompt_token_ids + output),
+                text=prepared.prompt_text + self.detokenize(output),
+                end_text=end_text,
+                fingerprint=request_fingerprint(prepared.chat, prepared.chat.messages),
+            )
+        )
 
 
 async def _aclose(iterator: AsyncIterator[object]) -> None:

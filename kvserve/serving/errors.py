@@ -4,13 +4,15 @@ from __future__ import annotations
 
 
 class RequestError(ValueError):
-    """A request the server will not run. `param` names the offending field when known."""
+    """A request the server will not run. `param` names the offending field when known; `status` is
+    the HTTP status the API answers with (400, or 409 for state that vanished)."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.status = status
 
 
 class ContextLengthExceededError(RequestError):

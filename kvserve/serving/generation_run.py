@@ -37,6 +37,7 @@ class GenerationRun:
         self.token_texts = token_texts
         self.eos_token_ids = eos_token_ids
         self.num_output_tokens = 0
+        self.output_token_ids: list[int] = []  # what was sampled, in order (live continuation needs it)
         self.num_cached_tokens = 0
         self.is_done = False  # no more outputs wanted: the engine finished or a stop string matched
         self._reason: FinishReason | None = None
@@ -55,6 +56,7 @@ class GenerationRun:
             self.prefill.finish(output.num_cached_tokens)
             events.append(self._usage())
         self.num_output_tokens += len(output.new_token_ids)
+        self.output_token_ids += output.new_token_ids
         events += self._logprobs(output)
         step = self.pipeline.push(output.new_token_ids)
         events += step.events

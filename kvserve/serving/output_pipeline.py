@@ -39,7 +39,7 @@ class OutputPipeline:
     def __init__(self, detokenizer: IncrementalDetokenizer, stop: StopMatcher, segmenter: TextSegmenter):
         self._detokenizer = detokenizer
         self._stop = stop
-        self._segmenter = segmenter
+        self.segmenter = segmenter
         self.has_tool_calls = False
 
     @property
@@ -57,7 +57,7 @@ class OutputPipeline:
         else:
             emit, stopped = self._stop.feed(self._detokenizer.flush())
             text = emit if stopped else emit + self._stop.finish()
-        events = self._segment(text) + self._segmenter.finish()
+        events = self._segment(text) + self.segmenter.finish()
         self.has_tool_calls |= any(isinstance(e, ToolCallStart) for e in events)
         return events
 
@@ -70,6 +70,6 @@ class OutputPipeline:
         return engine_reason
 
     def _segment(self, text: str) -> list[GenerationEvent]:
-        events = self._segmenter.feed(text) if text else []
+        events = self.segmenter.feed(text) if text else []
         self.has_tool_calls |= any(isinstance(e, ToolCallStart) for e in events)
         return events

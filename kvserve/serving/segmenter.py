@@ -21,6 +21,7 @@ from kvserve.reasoning import (
     ReasoningSyntax,
     SegmentEvent,
     detect_reasoning,
+    prompt_opens_reasoning,
 )
 from kvserve.serving.events import (
     GenerationEvent,
@@ -66,6 +67,7 @@ class ModelOutputSegmenter:
         self._ids: dict[int, str] = {}
         # call id -> the exact sampled markup of its block, for tool replay memory (issue 4).
         self.sampled_calls: dict[str, str] = {}
+        self._blocks: dict[int, tuple[str, list[str]]] = {}  # block number -> (markup, its call ids)
 
     def feed(self, text: str) -> list[GenerationEvent]:
         if self._reasoning is None:
@@ -102,8 +104,15 @@ class ModelOutputSegmenter:
         if isinstance(event, CallArgs):
             return ToolCallArgsDelta(event.index, event.fragment)
         assert isinstance(event, CallEnd)
-        self.sampled_calls[self._ids[event.index]] = event.raw
+        call_id = self._ids[event.index]
+        self.sampled_calls[call_id] = event.raw
+        self._blocks.setdefault(event.block, (event.raw, []))[1].append(call_id)
         return ToolCallEnd(event.index, event.arguments)
+
+    @property
+    def sampled_blocks(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Each parsed block's exact markup and the ids of its calls, in output order."""
+        return [(raw, tuple(ids)) for raw, ids in self._blocks.values()]
 
 
 @dataclass(frozen=True)
@@ -131,13 +140,16 @@ class OutputSyntax:
             f"tool parser {self.tool_parser}, reasoning {self.reasoning.open}…{self.reasoning.close}{where}"
         )
 
-    def segmenter(self, request: ChatRequest) -> ModelOutputSegmenter:
-        """The SegmenterFactory: tool calls are parsed only when tools are offered."""
+    def segmenter(self, request: ChatRequest, prompt_text: str = "") -> ModelOutputSegmenter:
+        """The SegmenterFactory: tool calls are parsed only when tools are offered. Whether the output
+        starts inside a reasoning block is read off the rendered prompt when there is one."""
         tools = request.active_tools
         parser = get_parser(self.tool_parser, tools) if tools else None
         reasoning = None
         if self.reasoning is not None:
-            # A template that opens the block writes a closed one instead when thinking is switched off.
-            inside = self.reasoning.opens_in_prompt and request.reasoning.enabled is not False
+            if prompt_text:
+                inside = prompt_opens_reasoning(prompt_text, self.reasoning)
+            else:  # the template's guess; it writes a closed block instead when thinking is off
+                inside = self.reasoning.opens_in_prompt and request.reasoning.enabled is not False
             reasoning = ReasoningSegmenter(self.reasoning, starts_in_reasoning=inside)
         return ModelOutputSegmenter(reasoning, parser)

@@ -38,6 +38,7 @@ class CallEnd:
     index: int
     arguments: str
     raw: str
+    block: int = 0  # which block of the output holds the call (0, 1, ...), so equal `raw`s stay apart
 
 
 ToolEvent = TextChunk | CallStart | CallArgs | CallEnd

@@ -59,6 +59,7 @@ class ToolCallParser:
         self._tail = ""
         self._after_call = False
         self.num_calls = 0
+        self.num_blocks = 0  # blocks that parsed into calls
 
     def feed(self, text: str) -> list[ToolEvent]:
         events: list[ToolEvent] = []
@@ -178,7 +179,12 @@ class ToolCallParser:
         for call, text in zip(calls or (), arguments, strict=True):
             index = self.num_calls
             self.num_calls += 1
-            events += [CallStart(index, call.name), CallArgs(index, text), CallEnd(index, text, raw)]
+            events += [
+                CallStart(index, call.name),
+                CallArgs(index, text),
+                CallEnd(index, text, raw, self.num_blocks),
+            ]
+        self.num_blocks += 1
         self._after_call = True
 
 

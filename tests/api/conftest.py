@@ -58,10 +58,15 @@ def make_harness(
     ctx: int = 4096,
     keepalive_s: float = 5.0,
     segmenter_factory: Any = None,
+    service_options: dict[str, Any] | None = None,
+    tokenizer: Any = None,
     **settings: Any,
 ) -> Harness:
+    """`service_options` are further ChatService arguments (tool memory, live sequences)."""
     extra = {} if segmenter_factory is None else {"segmenter_factory": segmenter_factory}
-    service = ChatService(engine, FakeTokenizerInfo(), ctx, MODEL, keepalive_s=keepalive_s, **extra)
+    extra.update(service_options or {})
+    tokenizer = tokenizer or FakeTokenizerInfo()
+    service = ChatService(engine, tokenizer, ctx, MODEL, keepalive_s=keepalive_s, **extra)
     app = create_app(service, ApiSettings(served_model_name=MODEL, **settings))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://kvserve")
     # The SDKs ship their own fork of httpx (httpx2); it has the same ASGI transport.

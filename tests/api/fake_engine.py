@@ -91,6 +91,7 @@ class FakeEngine:
         fail_after: int | None = None,
         num_prefill_chunks: int = 0,
         chunk_delay_s: float = 0.0,
+        eos_token_id: int = EOS_ID,
     ):
         self.script = script
         self.token_delay_s = token_delay_s
@@ -98,6 +99,7 @@ class FakeEngine:
         self.num_prefill_chunks = num_prefill_chunks  # progress outputs before the first token
         self.chunk_delay_s = chunk_delay_s
         self.fail_after = fail_after  # raise after this many tokens (an engine failure mid-stream)
+        self.eos_token_id = eos_token_id  # another tokenizer's (tests with a real tokenizer)
         self.running: set[str] = set()
         self.aborted: list[str] = []
         self.requests: list[tuple[list[int], SamplingParams]] = []
@@ -167,9 +169,10 @@ class FakeEngine:
         n = self.num_prefill_chunks
         return [cached + (num_prompt - cached) * i // (n + 1) for i in range(1, n + 1)]
 
-    @staticmethod
-    def _finish_reason(token_id: int, params: SamplingParams, is_last: bool, n: int) -> FinishReason | None:
-        if token_id == EOS_ID and not params.ignore_eos:
+    def _finish_reason(
+        self, token_id: int, params: SamplingParams, is_last: bool, n: int
+    ) -> FinishReason | None:
+        if token_id == self.eos_token_id and not params.ignore_eos:
             return FinishReason.STOP
         if is_last and n >= params.max_tokens:
             return FinishReason.LENGTH

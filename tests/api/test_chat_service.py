@@ -135,7 +135,7 @@ async def test_segmenter_factory_is_the_parsing_seam() -> None:
 
     engine = FakeEngine(reply("thinking"))
     service = ChatService(
-        engine, FakeTokenizerInfo(), 4096, "fake", segmenter_factory=lambda chat: FakeToolParser()
+        engine, FakeTokenizerInfo(), 4096, "fake", segmenter_factory=lambda chat, prompt: FakeToolParser()
     )
     events = await _events(service, _chat())
     assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "thinking"

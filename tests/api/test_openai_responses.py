@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from kvserve.api.openai_responses.encoder import ResponsesEncoder
+from kvserve.chat.tools import tools_from_responses
 from kvserve.serving.events import (
     Failed,
     Finished,
@@ -101,7 +102,10 @@ async def test_length_is_incomplete() -> None:
 
 
 def test_encoder_reasoning_tools_and_namespaces() -> None:
-    encoder = ResponsesEncoder("resp_1", MODEL, {}, include_reasoning=True, namespaces=frozenset({"ns"}))
+    tools = tools_from_responses(
+        [{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "tool"}]}]
+    )
+    encoder = ResponsesEncoder("resp_1", MODEL, {}, include_reasoning=True, tools=tools)
     events = [
         Usage(5, 0, 0),
         ReasoningDelta("hmm"),

@@ -94,3 +94,41 @@ async def test_without_tools_the_markup_stays_text(tool_harness) -> None:
     )
     assert response.choices[0].message.content == CALL
     assert not response.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/responses", {"input": "x", "tools": [{"type": "function", "name": ""}]}, "tools.0.name"),
+        ("/v1/responses", {"input": "x", "tools": [{"type": "namespace", "tools": []}]}, "tools.0.name"),
+        (
+            "/v1/responses",
+            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": [1]}]},
+            "tools.0.parameters",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": ""}}],
+            },
+            "tools.0.function.name",
+        ),
+    ],
+)
+async def test_bad_tool_schemas_are_openai_400s(tool_harness, path: str, body: dict, param: str) -> None:
+    response = await tool_harness.http.post(path, json={"model": "m", **body})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+async def test_bad_tool_schemas_are_anthropic_400s(tool_harness) -> None:
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"name": ""}],
+    }
+    response = await tool_harness.http.post("/v1/messages", json=body)
+    assert response.status_code == 400
+    assert response.json()["type"] == "error" and "tools.0.name" in response.json()["error"]["message"]

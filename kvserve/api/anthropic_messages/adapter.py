@@ -28,8 +28,8 @@ from kvserve.chat.conversation import (
     ToolCallPart,
     ToolChoice,
     ToolResultPart,
-    ToolSpec,
 )
+from kvserve.chat.tools import tools_from_anthropic
 from kvserve.serving.events import (
     Failed,
     Finished,
@@ -48,8 +48,6 @@ from kvserve.serving.result import GenerationResult
 # System parts whose text changes on every request (Claude Code's billing header): rendering them
 # would make every prompt differ from the first token on and defeat the prefix cache.
 _PRIVATE_SYSTEM_PREFIX = "x-anthropic-"
-# Hosted tools (web_search_20250305, bash_20250124, ...) run on Anthropic's side; we cannot run them.
-_CLIENT_TOOL_TYPES = (None, "custom")
 
 
 # -- request ---------------------------------------------------------------------------
@@ -72,11 +70,7 @@ def to_chat_request(wire: MessagesRequest) -> ChatRequest:
     return ChatRequest(
         messages=tuple(messages),
         options=options,
-        tools=tuple(
-            ToolSpec(t.name, t.description or "", t.input_schema or {"type": "object", "properties": {}})
-            for t in wire.tools or ()
-            if t.type in _CLIENT_TOOL_TYPES
-        ),
+        tools=tools_from_anthropic(t.model_dump(exclude_none=True) for t in wire.tools or ()),
         tool_choice=_tool_choice(wire.tool_choice),
         reasoning=_reasoning(wire),
     )
@@ -97,15 +91,34 @@ def system_text(system: str | list[Any] | None) -> str:
     return text
 
 
+_THINKING_TYPES = ("enabled", "disabled", "adaptive")
+# `thinking.budget_tokens` -> an effort word for templates that take one, when no effort is given.
+_BUDGET_EFFORTS = ((4096, "low"), (16384, "medium"))
+
+
 def _reasoning(wire: MessagesRequest) -> ReasoningControl:
     effort = (wire.output_config or {}).get("effort")
-    control = reasoning_from_effort(effort if isinstance(effort, str) else None, "output_config.effort")
-    kind = (wire.thinking or {}).get("type")
-    if kind == "enabled":
-        return ReasoningControl(enabled=True, effort=control.effort)
+    if effort is not None and not isinstance(effort, str):
+        raise ApiError(400, "output_config.effort must be a string", param="output_config.effort")
+    control = reasoning_from_effort(effort, "output_config.effort")
+    thinking = wire.thinking or {}
+    kind = thinking.get("type")
+    if kind is not None and kind not in _THINKING_TYPES:
+        raise ApiError(
+            400, 'thinking.type must be "enabled", "disabled" or "adaptive"', param="thinking.type"
+        )
     if kind == "disabled":
         return ReasoningControl(enabled=False, effort=control.effort)
-    return control  # "adaptive" or absent: the model's default
+    if kind == "enabled":
+        return ReasoningControl(enabled=True, effort=control.effort or _budget_effort(thinking))
+    return control  # "adaptive" or absent: the model's default (or what the effort says)
+
+
+def _budget_effort(thinking: dict[str, Any]) -> str | None:
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        return None
+    return next((effort for limit, effort in _BUDGET_EFFORTS if budget < limit), "high")
 
 
 def _tool_choice(value: dict[str, Any] | None) -> ToolChoice:

@@ -14,6 +14,7 @@ from kvserve.api.body import read_model
 from kvserve.api.generation import chat_service, complete, encode_stream, generate, prepare
 from kvserve.api.request_fields import new_id
 from kvserve.api.sse import sse_response
+from kvserve.serving.tool_continuation import ANTHROPIC
 
 router = APIRouter()
 _BODY = {
@@ -28,7 +29,7 @@ _BODY = {
 async def messages(request: Request) -> Response:
     wire = await read_model(request, MessagesRequest)
     service = chat_service(request)
-    prepared = await prepare(request, service.prepare_chat, to_chat_request(wire))
+    prepared = await prepare(request, service.prepare_chat, to_chat_request(wire), continuation=ANTHROPIC)
     model = wire.model or request.app.state.settings.served_model_name
     message_id = new_id("msg_")
     events = generate(request, prepared)

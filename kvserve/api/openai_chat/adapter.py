@@ -25,14 +25,15 @@ from kvserve.chat.conversation import (
     Message,
     NamedToolChoice,
     Part,
+    ReasoningControl,
     ReasoningPart,
     Role,
     TextPart,
     ToolCallPart,
     ToolChoice,
     ToolResultPart,
-    ToolSpec,
 )
+from kvserve.chat.tools import tools_from_openai
 from kvserve.serving.events import (
     Failed,
     Finished,
@@ -76,19 +77,31 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
     return ChatRequest(
         messages=tuple(_message(m, i) for i, m in enumerate(wire.messages)),
         options=options,
-        tools=tuple(
-            ToolSpec(
-                t.function.name,
-                t.function.description or "",
-                t.function.parameters or {"type": "object", "properties": {}},
-            )
-            for t in wire.tools or ()
-            if t.type == "function" and t.function is not None
-        ),
+        tools=tools_from_openai(t.model_dump(exclude_none=True) for t in wire.tools or ()),
         tool_choice=tool_choice(wire.tool_choice),
-        reasoning=reasoning_from_effort(wire.reasoning_effort),
+        reasoning=_reasoning(wire),
         response_format=wire.response_format,
     )
+
+
+def _reasoning(wire: ChatCompletionRequest) -> ReasoningControl:
+    """`reasoning_effort` ("none" turns thinking off), overridden by an explicit switch: `thinking`
+    (bool or {"type": "enabled"|"disabled"}) or `chat_template_kwargs.enable_thinking`."""
+    control = reasoning_from_effort(wire.reasoning_effort)
+    enabled = _thinking_switch(wire.thinking)
+    kwargs = wire.chat_template_kwargs or {}
+    if enabled is None and isinstance(kwargs.get("enable_thinking"), bool):
+        enabled = kwargs["enable_thinking"]
+    return control if enabled is None else ReasoningControl(enabled=enabled, effort=control.effort)
+
+
+def _thinking_switch(value: bool | dict[str, Any] | None) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    kind = value.get("type")
+    if kind not in ("enabled", "disabled"):
+        raise ApiError(400, 'thinking.type must be "enabled" or "disabled"', param="thinking.type")
+    return kind == "enabled"
 
 
 def _logprobs(wire: ChatCompletionRequest) -> int | None:

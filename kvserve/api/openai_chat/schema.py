@@ -77,5 +77,7 @@ class ChatCompletionRequest(WireModel):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    thinking: bool | dict[str, Any] | None = None  # ds4 / DeepSeek style switch
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM style: {"enable_thinking": false}
     response_format: dict[str, Any] | None = None
     ignore_eos: bool = False

@@ -28,8 +28,8 @@ from kvserve.chat.conversation import (
     ToolCallPart,
     ToolChoice,
     ToolResultPart,
-    ToolSpec,
 )
+from kvserve.chat.tools import flat_tool_name, tools_from_responses
 
 _ROLES: dict[str, Role] = {
     "user": "user",
@@ -41,13 +41,7 @@ _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_t
 # Bookkeeping items with nothing to render.
 _IGNORED_ITEMS = ("compaction", "context_compaction", "item_reference")
 _SUMMARY_OPT_IN = ("auto", "concise", "detailed")
-NAMESPACE_SEPARATOR = "__"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-
-
-def flat_tool_name(namespace: str, name: str) -> str:
-    """The prompt-side name of a tool inside a namespace tool (Codex sends these)."""
-    return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
 
 
 def wants_reasoning_summary(wire: ResponsesRequest) -> bool:
@@ -94,7 +88,7 @@ def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) 
     return ChatRequest(
         messages=tuple(messages),
         options=options,
-        tools=tools(wire.tools or []),
+        tools=tools_from_responses(wire.tools or ()),
         tool_choice=_tool_choice(wire.tool_choice),
         reasoning=reasoning_from_effort(effort, "reasoning.effort"),
         response_format=text_format
@@ -107,34 +101,6 @@ def _logprobs(wire: ResponsesRequest) -> int | None:
     """On with `include: ["message.output_text.logprobs"]`; `top_logprobs` adds alternatives."""
     k = top_logprobs(wire.top_logprobs, "top_logprobs")
     return (k or 0) if wants_logprobs(wire) else None
-
-
-def tools(wire_tools: list[dict[str, Any]]) -> tuple[ToolSpec, ...]:
-    """Function tools, namespace tools flattened; hosted tools (web_search, ...) are skipped."""
-    specs: list[ToolSpec] = []
-    for i, tool in enumerate(wire_tools):
-        kind = tool.get("type")
-        if kind == "function":
-            specs.append(_function_spec(tool, None, f"tools.{i}"))
-        elif kind == "namespace":
-            for k, inner in enumerate(tool.get("tools") or []):
-                if isinstance(inner, dict) and inner.get("type", "function") == "function":
-                    specs.append(_function_spec(inner, tool.get("name"), f"tools.{i}.tools.{k}"))
-    return tuple(specs)
-
-
-def _function_spec(tool: dict[str, Any], namespace: Any, param: str) -> ToolSpec:
-    name, parameters = tool.get("name"), tool.get("parameters")
-    if not isinstance(name, str) or not name:
-        raise ApiError(400, f"{param}.name must be a non-empty string", param=f"{param}.name")
-    if isinstance(namespace, str) and namespace:
-        name = flat_tool_name(namespace, name)
-    description = tool.get("description") if isinstance(tool.get("description"), str) else ""
-    return ToolSpec(
-        name,
-        description,
-        parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}},
-    )
 
 
 def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:

@@ -7,14 +7,15 @@ Items are closed as soon as the next one starts, as OpenAI does.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from kvserve.api.logprobs_json import token_logprob_json
-from kvserve.api.openai_responses.adapter import NAMESPACE_SEPARATOR, flat_tool_name
 from kvserve.api.request_fields import new_id
 from kvserve.api.sse import KEEPALIVE, event_frame
-from kvserve.chat.conversation import Message, Part, ReasoningPart, TextPart, ToolCallPart
+from kvserve.chat.conversation import Message, Part, ReasoningPart, TextPart, ToolCallPart, ToolSpec
+from kvserve.chat.tools import flat_tool_name, split_tool_name
 from kvserve.serving.events import (
     Failed,
     Finished,
@@ -48,13 +49,14 @@ class ResponsesEncoder:
         model: str,
         echo: dict[str, Any],
         include_reasoning: bool,
-        namespaces: frozenset[str] = frozenset(),
+        tools: tuple[ToolSpec, ...] = (),
     ):
+        """`tools` are the request's (names of namespaced tools are split back for the client)."""
         self.response_id = response_id
         self.model = model
         self.echo = echo  # request fields repeated in every response object
         self.include_reasoning = include_reasoning
-        self.namespaces = namespaces
+        self.tools = tools
         self.created_at = int(time.time())
         self.output: list[dict[str, Any]] = []
         self.status = "in_progress"
@@ -93,6 +95,9 @@ class ResponsesEncoder:
                     flat_tool_name(item["namespace"], item["name"]) if "namespace" in item else item["name"]
                 )
                 parts.append(ToolCallPart(item["call_id"], name, item["arguments"]))
+            elif item["type"] == "custom_tool_call":
+                arguments = json.dumps({"input": item["input"]}, ensure_ascii=False)
+                parts.append(ToolCallPart(item["call_id"], item["name"], arguments))
         return Message("assistant", tuple(parts))
 
     def start(self) -> list[str]:
@@ -141,6 +146,8 @@ class ResponsesEncoder:
                 return self._close() + self._open_item(self._function_call(call_id, name))
             case ToolCallArgsDelta(_, fragment):
                 assert self._open is not None
+                if self._open["type"] == "custom_tool_call":
+                    return []  # JSON fragments of {"input": ...}; the input text is sent whole at the end
                 self._open["arguments"] += fragment
                 self._args_streamed = True
                 return [
@@ -152,13 +159,17 @@ class ResponsesEncoder:
                     )
                 ]
             case ToolCallEnd(_, arguments):
+                assert self._open is not None
+                if self._open["type"] == "custom_tool_call":
+                    return self._end_custom_call(arguments)
                 return self._end_call(arguments)
             case Usage():
                 self._usage = event
             case Logprobs(tokens):
                 self._logprobs.extend(tokens)
             case Finished(reason):
-                frames = self._close()
+                # An item cut by the length limit (reasoning never closed, text cut) is incomplete.
+                frames = self._close("incomplete" if reason == "length" else "completed")
                 if reason == "length":
                     self.status, self.incomplete_details = "incomplete", {"reason": "max_output_tokens"}
                     return frames + [self._frame("response.incomplete", response=self.response())]
@@ -218,6 +229,15 @@ class ResponsesEncoder:
         ]
 
     def _function_call(self, call_id: str, name: str) -> dict[str, Any]:
+        if any(t.name == name and t.kind == "custom" for t in self.tools):
+            return {
+                "id": new_id("ctc_"),
+                "type": "custom_tool_call",
+                "status": "in_progress",
+                "call_id": f"call_{call_id}",
+                "name": name,
+                "input": "",
+            }
         item = {
             "id": new_id("fc_"),
             "type": "function_call",
@@ -226,9 +246,9 @@ class ResponsesEncoder:
             "name": name,
             "arguments": "",
         }
-        namespace, sep, short = name.partition(NAMESPACE_SEPARATOR)
-        if sep and namespace in self.namespaces:  # give the client back its own namespace/name pair
-            item["namespace"], item["name"] = namespace, short
+        namespace, wire_name = split_tool_name(name, self.tools)
+        if namespace is not None:  # give the client back its own namespace/name pair
+            item["namespace"], item["name"] = namespace, wire_name
         self._args_streamed = False
         return item
 
@@ -262,11 +282,23 @@ class ResponsesEncoder:
         )
         return frames + self._close()
 
-    def _close(self) -> list[str]:
+    def _end_custom_call(self, arguments: str) -> list[str]:
+        """A free-text tool's call: the model wrote `{"input": TEXT}`; the client gets TEXT."""
+        item = self._open
+        assert item is not None
+        item["input"] = custom_input(arguments)
+        ids = {"item_id": item["id"], "output_index": self._index}
+        return [
+            self._frame("response.custom_tool_call_input.delta", **ids, delta=item["input"]),
+            self._frame("response.custom_tool_call_input.done", **ids, input=item["input"]),
+            *self._close(),
+        ]
+
+    def _close(self, status: str = "completed") -> list[str]:
         item, self._open = self._open, None
         if item is None:
             return []
-        item["status"] = "completed"
+        item["status"] = status
         frames = []
         if item["type"] == "message":
             part = item["content"][0]
@@ -321,6 +353,16 @@ class ResponsesEncoder:
         frame = event_frame(event_type, {"type": event_type, "sequence_number": self._sequence, **payload})
         self._sequence += 1
         return frame
+
+
+def custom_input(arguments: str) -> str:
+    """The text of a custom tool call from its arguments JSON (`{"input": TEXT}`; else the JSON itself)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    text = value.get("input") if isinstance(value, dict) else None
+    return text if isinstance(text, str) else arguments
 
 
 def _snapshot(item: dict[str, Any]) -> dict[str, Any]:

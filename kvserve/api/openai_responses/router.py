@@ -20,6 +20,7 @@ from kvserve.api.request_fields import new_id
 from kvserve.api.sse import sse_response
 from kvserve.chat.conversation import Message
 from kvserve.serving.response_store import ResponseStore, StoredResponse
+from kvserve.serving.tool_continuation import RESPONSES
 
 router = APIRouter()
 
@@ -41,10 +42,10 @@ def _store(request: Request) -> ResponseStore:
 async def responses(request: Request) -> Response:
     wire = await read_model(request, ResponsesRequest)
     chat = to_chat_request(wire, await _previous(request, wire.previous_response_id))
-    prepared = await prepare(request, chat_service(request).prepare_chat, chat, param="input")
+    service = chat_service(request)
+    prepared = await prepare(request, service.prepare_chat, chat, param="input", continuation=RESPONSES)
     model = wire.model or request.app.state.settings.served_model_name
-    namespaces = frozenset(t.get("name") for t in wire.tools or () if t.get("type") == "namespace")
-    encoder = ResponsesEncoder(new_id("resp_"), model, _echo(wire), wants_reasoning_summary(wire), namespaces)
+    encoder = ResponsesEncoder(new_id("resp_"), model, _echo(wire), wants_reasoning_summary(wire), chat.tools)
     events = generate(request, prepared)
     history = conversation(wire, chat)
     if wire.stream:
