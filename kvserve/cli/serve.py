@@ -107,7 +107,13 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     syntax = OutputSyntax.detect(core.loaded.tokenizer.chat_template, args.tool_parser)
     logger.info("model output: %s", syntax.describe())
     service = ChatService(
-        engine, core.loaded.tokenizer, core.max_model_len, model_name, segmenter_factory=syntax.segmenter
+        engine,
+        core.loaded.tokenizer,
+        core.max_model_len,
+        model_name,
+        segmenter_factory=syntax.segmenter,
+        tool_syntax=syntax.tool_parser,
+        vocab_size=core.loaded.arch.vocab_size,
     )
     settings = ApiSettings(
         served_model_name=model_name,

@@ -10,16 +10,19 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvserve.chat.conversation import ChatRequest, GenerationOptions, SamplingOptions, TextRequest
 from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.render import ChatRenderer, ChatTemplateError
 from kvserve.chat.stop import StopMatcher
+from kvserve.grammar.compiler import GrammarCompiler, tokenizer_factory
+from kvserve.serving.constraints import DecodingConstraints
 from kvserve.serving.engine_protocol import (
     EngineClientProtocol,
     SamplingParams,
     SamplingParamsError,
+    TokenConstraint,
     TokenizerLike,
 )
 from kvserve.serving.errors import ContextLengthExceededError, RequestError
@@ -29,6 +32,7 @@ from kvserve.serving.heartbeat import with_heartbeat
 from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter, TextSegmenter
 from kvserve.serving.prefill_progress import PrefillTracker
 from kvserve.serving.token_text import TokenTexts
+from kvserve.toolcalls.registry import DEFAULT_SYNTAX
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ class PreparedRequest:
     params: SamplingParams | None  # None when max_tokens is 0: nothing to generate
     stop: tuple[str, ...]
     chat: ChatRequest | None = None  # None for raw-prompt completions: their output is not parsed
+    constraint: TokenConstraint | None = None  # grammar-constrained decoding (tool_choice, response_format)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -71,7 +76,11 @@ class ChatService:
         keepalive_s: float = 5.0,
         supports_images: bool = False,
         segmenter_factory: SegmenterFactory = plain_text_segmenter,
+        tool_syntax: str = DEFAULT_SYNTAX,
+        vocab_size: int | None = None,
     ):
+        """`tool_syntax` is what the segmenter parses (forced calls are written in it); `vocab_size` is the
+        width of the model's logits (default: the tokenizer's size)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -87,6 +96,10 @@ class ChatService:
         }
         self.renderer = ChatRenderer(tokenizer.chat_template, special)
         self.token_texts = TokenTexts(hf)
+        compiler = GrammarCompiler(tokenizer_factory(hf, vocab_size or len(hf), tokenizer.eos_token_ids))
+        self.constraints = DecodingConstraints(
+            compiler, tool_syntax, token_bytes=lambda token_id: compiler.tokenizer.decode_bytes([token_id])
+        )
 
     # -- prepare (sync; run it off the event loop for long prompts) ---------------------
 
@@ -102,13 +115,23 @@ class ChatService:
         self, request: ChatRequest, param: str = "messages", request_id: str | None = None
     ) -> PreparedRequest:
         token_ids = self.tokenize(self.render(request), add_special_tokens=False)
-        return self._prepare(token_ids, request.options, param, request_id, chat=request)
+        prepared = self._prepare(token_ids, request.options, param, request_id, chat=request)
+        return self._constrained(prepared, lambda: self.constraints.for_chat(request))
 
     def prepare_text(
         self, request: TextRequest, param: str = "prompt", request_id: str | None = None
     ) -> PreparedRequest:
         token_ids = self.tokenize(request.prompt, add_special_tokens=True)
-        return self._prepare(token_ids, request.options, param, request_id)
+        prepared = self._prepare(token_ids, request.options, param, request_id)
+        return self._constrained(prepared, lambda: self.constraints.for_text(request))
+
+    @staticmethod
+    def _constrained(
+        prepared: PreparedRequest, constraint: Callable[[], TokenConstraint | None]
+    ) -> PreparedRequest:
+        """Compiled only when something will run (a bad schema is a 400 whatever max_tokens says)."""
+        built = constraint()
+        return prepared if built is None or prepared.params is None else replace(prepared, constraint=built)
 
     def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
         """Tokens of `text`; with add_special_tokens, BOS is prepended where the model wants it."""
@@ -190,7 +213,9 @@ class ChatService:
                 yield event
             return
         run = self._new_run(prepared)
-        outputs = self.engine.generate(prepared.request_id, prepared.prompt_token_ids, prepared.params)
+        outputs = self.engine.generate(
+            prepared.request_id, prepared.prompt_token_ids, prepared.params, constraint=prepared.constraint
+        )
         beats = with_heartbeat(outputs, self.keepalive_s)
         try:
             async for output in beats:

@@ -11,6 +11,7 @@ from kvserve.api.openai_chat.schema import ChatCompletionRequest, ChatMessage, C
 from kvserve.api.request_fields import (
     arguments_text,
     image_part,
+    json_format,
     max_tokens,
     new_id,
     openai_sampling,
@@ -87,7 +88,7 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
         ),
         tool_choice=tool_choice(wire.tool_choice),
         reasoning=reasoning_from_effort(wire.reasoning_effort),
-        response_format=wire.response_format,
+        response_format=json_format(wire.response_format, "response_format"),
     )
 
 

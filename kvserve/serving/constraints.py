@@ -1,0 +1,79 @@
+"""Which token constraint a request decodes under, compiled against the model's tokenizer.
+
+- `tool_choice` "required" or a named tool: a grammar that forces a call (one or more for "required",
+  exactly one for a named tool) in the model's own tool-call syntax, arguments valid against the
+  tool's JSON schema (`grammar/tool_grammar.py`).
+- `response_format` json_object / json_schema: a grammar of JSON (valid against the schema).
+- `tool_choice` "auto" with tools: no mask; the structure tracker makes the markup bytes of a call
+  greedy while argument values keep the request's temperature (`grammar/structure.py`).
+A forced tool call wins over `response_format` (the call is the answer). Compiled grammars are cached
+by their text, which is a function of (schema, syntax).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvserve.chat.conversation import ChatRequest, JsonFormat, NamedToolChoice, TextRequest, ToolSpec
+from kvserve.grammar.compiler import GrammarCompiler, GrammarError
+from kvserve.grammar.constraint import GrammarConstraint
+from kvserve.grammar.json_format import json_grammar
+from kvserve.grammar.structure import StructureTracker, structure_tracker
+from kvserve.grammar.tool_grammar import tool_call_grammar
+from kvserve.serving.engine_protocol import TokenConstraint
+from kvserve.serving.errors import RequestError
+
+
+class DecodingConstraints:
+    def __init__(
+        self, compiler: GrammarCompiler, tool_syntax: str, token_bytes: Callable[[int], bytes] | None = None
+    ):
+        """`token_bytes` (token id -> its bytes) enables structural greedy sampling for "auto" calls."""
+        self.compiler = compiler
+        self.tool_syntax = tool_syntax
+        self._token_bytes = token_bytes
+
+    def for_chat(self, request: ChatRequest) -> TokenConstraint | None:
+        tools = _forced_tools(request)
+        if tools:
+            lark = tool_call_grammar(self.tool_syntax, tools, parallel=request.tool_choice == "required")
+            return self._compile(lark, "tools", tracker=self._tracker())
+        if request.response_format is not None:
+            return self.for_format(request.response_format)
+        if request.active_tools and request.options.sampling.temperature != 0:
+            tracker = self._tracker()  # a greedy request is greedy everywhere already
+            return None if tracker is None else GrammarConstraint(None, tracker)
+        return None
+
+    def for_text(self, request: TextRequest) -> TokenConstraint | None:
+        return None if request.response_format is None else self.for_format(request.response_format)
+
+    def for_format(self, response_format: JsonFormat) -> TokenConstraint:
+        return self._compile(json_grammar(response_format.schema), "response_format")
+
+    def _compile(self, lark: str, param: str, tracker: StructureTracker | None = None) -> TokenConstraint:
+        try:
+            return self.compiler.constraint(lark, tracker)
+        except GrammarError as error:
+            what = "JSON schema" if param == "response_format" else "tool parameter schema"
+            raise RequestError(f"{param}: invalid {what}: {error}", param=param) from error
+
+    def _tracker(self) -> StructureTracker | None:
+        if self._token_bytes is None:
+            return None
+        return structure_tracker(self.tool_syntax, self._token_bytes)
+
+
+def _forced_tools(request: ChatRequest) -> tuple[ToolSpec, ...]:
+    """The tools a call is forced among: all of them ("required"), the named one, or none (free)."""
+    choice = request.tool_choice
+    if choice == "required":
+        if not request.tools:
+            raise RequestError('tool_choice "required" needs at least one tool', param="tool_choice")
+        return request.tools
+    if isinstance(choice, NamedToolChoice):
+        named = tuple(t for t in request.tools if t.name == choice.name)
+        if not named:
+            raise RequestError(f"tool_choice names the unknown tool {choice.name!r}", param="tool_choice")
+        return named
+    return ()
