@@ -63,7 +63,8 @@ class GrammarCompiler:
 
     def constraint(self, lark: str, tracker: StructureTracker | None = None) -> GrammarConstraint:
         """A fresh constraint for one request. Raises GrammarError when `lark` does not compile."""
-        return GrammarConstraint(self._prototype(lark).deep_copy(), tracker)
+        matcher = self._prototype(lark).deep_copy()
+        return GrammarConstraint(matcher, tracker, vocab_size=self.tokenizer.vocab_size)
 
     def _prototype(self, lark: str) -> llguidance.LLMatcher:
         tokenizer = self.tokenizer

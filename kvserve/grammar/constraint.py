@@ -7,6 +7,7 @@ without a matcher only tracks structure: `tool_choice: "auto"` masks nothing.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Protocol
 
 import llguidance
@@ -24,9 +25,16 @@ class StructureTracker(Protocol):
 
 
 class GrammarConstraint:
-    def __init__(self, matcher: llguidance.LLMatcher | None, tracker: StructureTracker | None = None):
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher | None,
+        tracker: StructureTracker | None = None,
+        vocab_size: int = 0,
+    ):
+        """`vocab_size`: the matcher's tokenizer's vocabulary (its bitmask is ceil(vocab_size / 32) words)."""
         assert matcher is not None or tracker is not None
         self._matcher = matcher
+        self._mask_bytes = (vocab_size + 31) // 32 * 4
         self._tracker = tracker
         self._num_accepted = 0
 
@@ -55,7 +63,13 @@ class GrammarConstraint:
 
     def fill_bitmask(self, address: int, num_bytes: int) -> None:
         assert self._matcher is not None
-        self._matcher.unsafe_compute_mask_ptr(address, num_bytes)
+        if num_bytes == self._mask_bytes:
+            self._matcher.unsafe_compute_mask_ptr(address, num_bytes)
+            return
+        # The model's logits and the tokenizer disagree on the vocabulary size: copy what overlaps
+        # (tokens the tokenizer does not know stay disallowed; the caller zeroed the row).
+        mask = self._matcher.compute_bitmask()
+        ctypes.memmove(address, mask, min(len(mask), num_bytes))
 
     def accept_token(self, token_id: int) -> bool:
         self._num_accepted += 1
