@@ -1,7 +1,7 @@
 """Which token constraint a request decodes under, compiled against the model's tokenizer.
 
-- `tool_choice` "required" or a named tool: a grammar that forces a call (one or more for "required",
-  exactly one for a named tool) in the model's own tool-call syntax, arguments valid against the
+- `tool_choice` "required" or a named tool: a grammar that forces exactly one call (to any tool, or
+  to the named one) in the model's own tool-call syntax, arguments valid against the
   tool's JSON schema (`grammar/tool_grammar.py`).
 - `response_format` json_object / json_schema: a grammar of JSON (valid against the schema).
 - `tool_choice` "auto" with tools: no mask; the structure tracker makes the markup bytes of a call
@@ -36,7 +36,8 @@ class DecodingConstraints:
     def for_chat(self, request: ChatRequest) -> TokenConstraint | None:
         tools = _forced_tools(request)
         if tools:
-            lark = tool_call_grammar(self.tool_syntax, tools, parallel=request.tool_choice == "required")
+            # One call: small models asked for "one or more" tend to repeat the call until max_tokens.
+            lark = tool_call_grammar(self.tool_syntax, tools, parallel=False)
             return self._compile(lark, "tools", tracker=self._tracker())
         if request.response_format is not None:
             return self.for_format(request.response_format)
