@@ -114,6 +114,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
         segmenter_factory=syntax.segmenter,
         tool_syntax=syntax.tool_parser,
         vocab_size=core.loaded.arch.vocab_size,
+        reasoning_syntax=syntax.reasoning,
     )
     settings = ApiSettings(
         served_model_name=model_name,

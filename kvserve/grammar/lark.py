@@ -42,3 +42,17 @@ def json_lexeme(schema: Mapping[str, Any], separators: tuple[str, str] = PROMPT_
 def lazy_text_until(closer: str) -> str:
     """A lexeme of any text up to and including the first `closer` (the value cannot contain it)."""
     return f"/(.|\\n)*{regex_literal(closer)}/"
+
+
+def with_reasoning(lark: str, open_tag: str, close_tag: str, is_open: bool) -> str:
+    """`lark` preceded by a reasoning block, so a thinking model thinks before the forced output
+    (which the output segmenter would otherwise read as reasoning). `is_open`: the prompt already
+    opened the block, so it must be closed first; otherwise the model may open one, or not."""
+    first, rest = lark.split("\n", 1)
+    assert first.startswith("start: "), first
+    block = "reasoning" if is_open else f"({literal(open_tag)} reasoning)"
+    lead = f"{block} reasoning_ws?" if is_open else f"({block} reasoning_ws?)?"
+    return (
+        f"start: {lead} ({first.removeprefix('start: ')})\n{rest}"
+        f"reasoning[lazy]: {lazy_text_until(close_tag)}\nreasoning_ws: /[ \\t\\n]+/\n"
+    )

@@ -17,6 +17,7 @@ from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.render import ChatRenderer, ChatTemplateError
 from kvserve.chat.stop import StopMatcher
 from kvserve.grammar.compiler import GrammarCompiler, tokenizer_factory
+from kvserve.reasoning import ReasoningSyntax
 from kvserve.serving.constraints import DecodingConstraints
 from kvserve.serving.engine_protocol import (
     EngineClientProtocol,
@@ -78,9 +79,10 @@ class ChatService:
         segmenter_factory: SegmenterFactory = plain_text_segmenter,
         tool_syntax: str = DEFAULT_SYNTAX,
         vocab_size: int | None = None,
+        reasoning_syntax: ReasoningSyntax | None = None,
     ):
-        """`tool_syntax` is what the segmenter parses (forced calls are written in it); `vocab_size` is the
-        width of the model's logits (default: the tokenizer's size)."""
+        """`tool_syntax` and `reasoning_syntax` are what the segmenter parses (forced outputs follow them);
+        `vocab_size` is the width of the model's logits (default: the tokenizer's size)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -98,7 +100,10 @@ class ChatService:
         self.token_texts = TokenTexts(hf)
         compiler = GrammarCompiler(tokenizer_factory(hf, vocab_size or len(hf), tokenizer.eos_token_ids))
         self.constraints = DecodingConstraints(
-            compiler, tool_syntax, token_bytes=lambda token_id: compiler.tokenizer.decode_bytes([token_id])
+            compiler,
+            tool_syntax,
+            token_bytes=lambda token_id: compiler.tokenizer.decode_bytes([token_id]),
+            reasoning=reasoning_syntax,
         )
 
     # -- prepare (sync; run it off the event loop for long prompts) ---------------------
@@ -114,9 +119,10 @@ class ChatService:
     def prepare_chat(
         self, request: ChatRequest, param: str = "messages", request_id: str | None = None
     ) -> PreparedRequest:
-        token_ids = self.tokenize(self.render(request), add_special_tokens=False)
+        prompt = self.render(request)
+        token_ids = self.tokenize(prompt, add_special_tokens=False)
         prepared = self._prepare(token_ids, request.options, param, request_id, chat=request)
-        return self._constrained(prepared, lambda: self.constraints.for_chat(request))
+        return self._constrained(prepared, lambda: self.constraints.for_chat(request, prompt))
 
     def prepare_text(
         self, request: TextRequest, param: str = "prompt", request_id: str | None = None

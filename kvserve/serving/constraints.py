@@ -6,7 +6,8 @@
 - `response_format` json_object / json_schema: a grammar of JSON (valid against the schema).
 - `tool_choice` "auto" with tools: no mask; the structure tracker makes the markup bytes of a call
   greedy while argument values keep the request's temperature (`grammar/structure.py`).
-A forced tool call wins over `response_format` (the call is the answer). Compiled grammars are cached
+A forced tool call wins over `response_format` (the call is the answer). A model with reasoning markup
+may think first (must close the block first when the prompt opened it). Compiled grammars are cached
 by their text, which is a function of (schema, syntax).
 """
 
@@ -18,29 +19,41 @@ from kvserve.chat.conversation import ChatRequest, JsonFormat, NamedToolChoice, 
 from kvserve.grammar.compiler import GrammarCompiler, GrammarError
 from kvserve.grammar.constraint import GrammarConstraint
 from kvserve.grammar.json_format import json_grammar
+from kvserve.grammar.lark import with_reasoning
 from kvserve.grammar.structure import StructureTracker, structure_tracker
 from kvserve.grammar.tool_grammar import tool_call_grammar
+from kvserve.reasoning import ReasoningSyntax, prompt_opens_reasoning
 from kvserve.serving.engine_protocol import TokenConstraint
 from kvserve.serving.errors import RequestError
 
 
 class DecodingConstraints:
     def __init__(
-        self, compiler: GrammarCompiler, tool_syntax: str, token_bytes: Callable[[int], bytes] | None = None
+        self,
+        compiler: GrammarCompiler,
+        tool_syntax: str,
+        token_bytes: Callable[[int], bytes] | None = None,
+        reasoning: ReasoningSyntax | None = None,
     ):
-        """`token_bytes` (token id -> its bytes) enables structural greedy sampling for "auto" calls."""
+        """`token_bytes` (token id -> its bytes) enables structural greedy sampling for "auto" calls;
+        `reasoning` (the model's reasoning markup) lets a thinking model think before a forced output."""
         self.compiler = compiler
         self.tool_syntax = tool_syntax
+        self.reasoning = reasoning
         self._token_bytes = token_bytes
 
-    def for_chat(self, request: ChatRequest) -> TokenConstraint | None:
+    def for_chat(self, request: ChatRequest, prompt: str = "") -> TokenConstraint | None:
+        """`prompt`: the rendered prompt, which says whether the output starts inside reasoning."""
         tools = _forced_tools(request)
         if tools:
             # One call: small models asked for "one or more" tend to repeat the call until max_tokens.
-            lark = tool_call_grammar(self.tool_syntax, tools, parallel=False)
+            lark = self._after_reasoning(
+                tool_call_grammar(self.tool_syntax, tools, parallel=False), request, prompt
+            )
             return self._compile(lark, "tools", tracker=self._tracker())
         if request.response_format is not None:
-            return self.for_format(request.response_format)
+            lark = self._after_reasoning(json_grammar(request.response_format.schema), request, prompt)
+            return self._compile(lark, "response_format")
         if request.active_tools and request.options.sampling.temperature != 0:
             tracker = self._tracker()  # a greedy request is greedy everywhere already
             return None if tracker is None else GrammarConstraint(None, tracker)
@@ -58,6 +71,16 @@ class DecodingConstraints:
         except GrammarError as error:
             what = "JSON schema" if param == "response_format" else "tool parameter schema"
             raise RequestError(f"{param}: invalid {what}: {error}", param=param) from error
+
+    def _after_reasoning(self, lark: str, request: ChatRequest, prompt: str) -> str:
+        syntax = self.reasoning
+        if syntax is None:
+            return lark
+        if prompt_opens_reasoning(prompt, syntax):
+            return with_reasoning(lark, syntax.open, syntax.close, is_open=True)
+        if request.reasoning.enabled is False:
+            return lark
+        return with_reasoning(lark, syntax.open, syntax.close, is_open=False)
 
     def _tracker(self) -> StructureTracker | None:
         if self._token_bytes is None:

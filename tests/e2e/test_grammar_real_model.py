@@ -69,6 +69,7 @@ def url() -> Iterator[str]:
         segmenter_factory=syntax.segmenter,
         tool_syntax=syntax.tool_parser,
         vocab_size=core.loaded.arch.vocab_size,
+        reasoning_syntax=syntax.reasoning,
     )
     with serve_in_thread(create_app(service, ApiSettings(served_model_name="smollm2"))) as (address, _):
         yield address
