@@ -1,9 +1,9 @@
 """Sampler: picks the next token for every row of a batch on the device.
 
 Per row, in order: logit_bias, penalties (repetition over prompt + output, presence and
-frequency over output), the allowed-token mask of constrained rows (grammar), logprobs (from these processed logits, before temperature; vLLM's
-default "processed_logprobs" minus temperature, so a reported logprob does not depend on
-how the caller sampled), then greedy argmax, or temperature -> top-k -> top-p -> min-p ->
+frequency over output), the allowed-token mask of constrained rows (grammar), logprobs (from
+these processed logits, before temperature; vLLM's default "processed_logprobs" minus
+temperature, so a reported logprob does not depend on how the caller sampled), then greedy argmax, or temperature -> top-k -> top-p -> min-p ->
 exponential-race sampling. Every stage is one batched op and is skipped when no row uses it;
 the all-greedy, no-penalty, no-logprobs step is a single argmax with no host sync. A constraint may
 also make a row greedy for one step (structural bytes of a tool call).

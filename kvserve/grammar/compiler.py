@@ -56,9 +56,15 @@ class GrammarCompiler:
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
+        """Raises GrammarError when the model's tokenizer cannot be wrapped (not a fast tokenizer)."""
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = self._make_tokenizer()
+                try:
+                    self._tokenizer = self._make_tokenizer()
+                except (ValueError, TypeError, AttributeError) as error:
+                    raise GrammarError(
+                        f"constrained decoding is unavailable for this tokenizer ({error})"
+                    ) from error
             return self._tokenizer
 
     def constraint(self, lark: str, tracker: StructureTracker | None = None) -> GrammarConstraint:

@@ -99,12 +99,7 @@ class ChatService:
         self.renderer = ChatRenderer(tokenizer.chat_template, special)
         self.token_texts = TokenTexts(hf)
         compiler = GrammarCompiler(tokenizer_factory(hf, vocab_size or len(hf), tokenizer.eos_token_ids))
-        self.constraints = DecodingConstraints(
-            compiler,
-            tool_syntax,
-            token_bytes=lambda token_id: compiler.tokenizer.decode_bytes([token_id]),
-            reasoning=reasoning_syntax,
-        )
+        self.constraints = DecodingConstraints(compiler, tool_syntax, reasoning=reasoning_syntax)
 
     # -- prepare (sync; run it off the event loop for long prompts) ---------------------
 
@@ -135,7 +130,8 @@ class ChatService:
     def _constrained(
         prepared: PreparedRequest, constraint: Callable[[], TokenConstraint | None]
     ) -> PreparedRequest:
-        """Compiled only when something will run (a bad schema is a 400 whatever max_tokens says)."""
+        """Built even when max_tokens is 0 (a bad schema is a 400 regardless); attached only when
+        something will run."""
         built = constraint()
         return prepared if built is None or prepared.params is None else replace(prepared, constraint=built)
 

@@ -13,7 +13,7 @@ by their text, which is a function of (schema, syntax).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 from kvserve.chat.conversation import ChatRequest, JsonFormat, NamedToolChoice, TextRequest, ToolSpec
 from kvserve.grammar.compiler import GrammarCompiler, GrammarError
@@ -26,21 +26,23 @@ from kvserve.reasoning import ReasoningSyntax, prompt_opens_reasoning
 from kvserve.serving.engine_protocol import TokenConstraint
 from kvserve.serving.errors import RequestError
 
+logger = logging.getLogger(__name__)
+
 
 class DecodingConstraints:
     def __init__(
         self,
         compiler: GrammarCompiler,
         tool_syntax: str,
-        token_bytes: Callable[[int], bytes] | None = None,
         reasoning: ReasoningSyntax | None = None,
+        structural_greedy: bool = True,
     ):
-        """`token_bytes` (token id -> its bytes) enables structural greedy sampling for "auto" calls;
-        `reasoning` (the model's reasoning markup) lets a thinking model think before a forced output."""
+        """`reasoning` (the model's reasoning markup) lets a thinking model think before a forced output;
+        `structural_greedy` samples the markup of "auto" calls greedily."""
         self.compiler = compiler
         self.tool_syntax = tool_syntax
         self.reasoning = reasoning
-        self._token_bytes = token_bytes
+        self.structural_greedy = structural_greedy
 
     def for_chat(self, request: ChatRequest, prompt: str = "") -> TokenConstraint | None:
         """`prompt`: the rendered prompt, which says whether the output starts inside reasoning."""
@@ -83,9 +85,15 @@ class DecodingConstraints:
         return with_reasoning(lark, syntax.open, syntax.close, is_open=False)
 
     def _tracker(self) -> StructureTracker | None:
-        if self._token_bytes is None:
+        if not self.structural_greedy:
             return None
-        return structure_tracker(self.tool_syntax, self._token_bytes)
+        try:
+            tokenizer = self.compiler.tokenizer  # built here, never on the engine thread
+        except GrammarError as error:
+            logger.warning("structural greedy sampling is off: %s", error)
+            self.structural_greedy = False
+            return None
+        return structure_tracker(self.tool_syntax, lambda token_id: tokenizer.decode_bytes([token_id]))
 
 
 def _forced_tools(request: ChatRequest) -> tuple[ToolSpec, ...]:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvserve.engine.constraint import catch_up
+from kvserve.engine.constraint import TokenConstraint, catch_up
 from kvserve.engine.request import Request
 
 
@@ -24,13 +24,15 @@ NO_MASKS = TokenMasks(None, None)
 
 
 def build_token_masks(requests: list[Request], vocab_size: int, pin_memory: bool) -> TokenMasks:
-    constrained = [(row, r) for row, r in enumerate(requests) if r.constraint is not None]
-    if not constrained:
+    constraints = [r.constraint for r in requests]
+    if all(c is None for c in constraints):
         return NO_MASKS
-    for _, request in constrained:
-        assert request.constraint is not None
-        catch_up(request.constraint, request.output_token_ids)
-    masking = [(row, r.constraint) for row, r in constrained if r.constraint.is_masking]  # type: ignore[union-attr]
+    masking: list[tuple[int, TokenConstraint]] = []
+    for row, (request, constraint) in enumerate(zip(requests, constraints)):
+        if constraint is not None:
+            catch_up(constraint, request.output_token_ids)
+            if constraint.is_masking:
+                masking.append((row, constraint))
     bitmask = None
     if masking:
         num_words = (vocab_size + 31) // 32
@@ -38,4 +40,4 @@ def build_token_masks(requests: list[Request], vocab_size: int, pin_memory: bool
         for row, constraint in masking:
             bitmask[row].zero_()  # words past the constraint's vocabulary stay "not allowed"
             constraint.fill_bitmask(bitmask[row].data_ptr(), num_words * 4)
-    return TokenMasks(bitmask, [r.constraint is not None and r.constraint.is_greedy for r in requests])
+    return TokenMasks(bitmask, [c is not None and c.is_greedy for c in constraints])

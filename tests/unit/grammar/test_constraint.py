@@ -51,3 +51,34 @@ def test_wider_model_vocabulary_leaves_unknown_tokens_disallowed(compiler: Gramm
     constraint.fill_bitmask(words.data_ptr(), words.numel() * 4)
     allowed = [i for i in range(640) if (int(words[i // 32]) >> (i % 32)) & 1]
     assert allowed == [ord("{")]
+
+
+def test_a_tokenizer_llguidance_cannot_wrap_degrades_cleanly() -> None:
+    import pytest
+
+    from kvserve.chat.conversation import (
+        ChatRequest,
+        GenerationOptions,
+        Message,
+        SamplingOptions,
+        TextPart,
+        ToolSpec,
+    )
+    from kvserve.serving.constraints import DecodingConstraints
+    from kvserve.serving.errors import RequestError
+
+    def unwrappable():
+        raise ValueError("Only fast tokenizers are supported")
+
+    constraints = DecodingConstraints(GrammarCompiler(unwrappable), "hermes")
+    request = ChatRequest(
+        (Message("user", (TextPart("hi"),)),),
+        GenerationOptions(SamplingOptions(temperature=0.7)),
+        tools=(ToolSpec("f"),),
+    )
+    assert constraints.for_chat(request) is None  # "auto": no structural greedy, no failure
+    with pytest.raises(RequestError, match="unavailable") as caught:
+        constraints.for_chat(
+            ChatRequest(request.messages, request.options, request.tools, tool_choice="required")
+        )
+    assert caught.value.param == "tools"
