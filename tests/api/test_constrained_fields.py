@@ -223,3 +223,34 @@ async def test_bad_tool_schema_under_forced_choice_is_an_anthropic_400(h: Harnes
     response = await h.http.post("/v1/messages", json=body)
     assert response.status_code == 400
     assert response.json()["type"] == "error" and response.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_constraint_failure_in_the_engine_is_a_failed_stream() -> None:
+    from kvserve.engine.outputs import EngineOutput
+    from kvserve.engine.request import FinishReason
+    from kvserve.serving.events import Failed
+
+    class _Failing(FakeEngine):
+        async def generate(self, request_id, prompt_token_ids, params, constraint=None):
+            yield EngineOutput(request_id, (ord("{"),), num_prompt_tokens=len(prompt_token_ids))
+            yield EngineOutput(
+                request_id, (ord("x"),), finish_reason=FinishReason.ERROR, error="token rejected"
+            )
+
+    harness = make_harness(_Failing())
+    service = harness.service
+    from kvserve.chat.conversation import ChatRequest, JsonFormat, Message, TextPart
+
+    prepared = service.prepare_chat(
+        ChatRequest((Message("user", (TextPart("hi"),)),), response_format=JsonFormat())
+    )
+    events = [e async for e in service.generate(prepared)]
+    assert events[-1] == Failed("constrained decoding failed: token rejected")
+    response = await harness.http.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": USER, "response_format": {"type": "json_object"}},
+    )
+    assert (
+        response.status_code == 500 and "constrained decoding failed" in response.json()["error"]["message"]
+    )
+    await harness.http.aclose()

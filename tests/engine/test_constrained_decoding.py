@@ -146,3 +146,10 @@ def test_rejected_token_fails_its_request_alone(tiny_llama_dir: Path) -> None:
     assert len(tokens[0]) == 3
     assert finals[1].finish_reason == FinishReason.LENGTH and len(tokens[1]) == 10
     assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_usable_blocks
+
+
+def test_unconstrained_batches_build_no_masks(engine: EngineCore) -> None:
+    from kvserve.engine.runner.token_masks import NO_MASKS, build_token_masks
+
+    requests = [engine.make_request(f"f{i}", [1, 2, 3], SAMPLED) for i in range(4)]
+    assert build_token_masks(requests, VOCAB, pin_memory=False) is NO_MASKS
