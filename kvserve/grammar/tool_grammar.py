@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvserve.grammar.lark import COMPACT_SEPARATORS, PROMPT_SEPARATORS, json_lexeme, lazy_text_until, literal
-from kvserve.toolcalls.syntax import ToolLike, _schema_types
+from kvserve.toolcalls.syntax import ToolLike, _schema_types  # the parsers' rule: both agree on raw vs JSON
 
 # The rules of one call: (body of the call rule, extra rule lines).
 _CallRules = tuple[str, list[str]]
