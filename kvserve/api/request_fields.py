@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from kvserve.api.errors import ApiError
-from kvserve.chat.conversation import ImagePart, ReasoningControl, SamplingOptions
+from kvserve.chat.conversation import ImagePart, JsonFormat, ReasoningControl, SamplingOptions
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 # The engine returns at most this many alternatives per token (OpenAI's limit too).
@@ -89,3 +89,33 @@ def openai_sampling(wire: Any, logprobs: int | None) -> SamplingOptions:
         logit_bias=logit_bias(wire.logit_bias),
         ignore_eos=wire.ignore_eos,
     )
+
+
+def json_format(value: Any, param: str) -> JsonFormat | None:
+    """OpenAI `response_format` ({"type", "json_schema": {"name", "schema"}}) or Responses
+    `text.format` (the same, flat: {"type", "name", "schema"}) -> JsonFormat; None for plain text.
+    The schema itself is checked when it is compiled (ChatService): a bad one is a 400 there."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{param} must be an object", param=param)
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JsonFormat()
+    if kind != "json_schema":
+        raise ApiError(
+            400, f'{param}.type must be "text", "json_object" or "json_schema"', param=f"{param}.type"
+        )
+    holder, where = value, param
+    if "json_schema" in value:  # Chat Completions nests it; Responses is flat
+        holder, where = value["json_schema"], f"{param}.json_schema"
+        if not isinstance(holder, dict):
+            raise ApiError(400, f"{where} must be an object", param=where)
+    schema = holder.get("schema")
+    if schema is None:
+        return JsonFormat()
+    if not isinstance(schema, dict):
+        raise ApiError(400, f"{where}.schema must be a JSON Schema object", param=f"{where}.schema")
+    return JsonFormat(schema)

@@ -117,6 +117,14 @@ ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
 
 
 @dataclass(frozen=True)
+class JsonFormat:
+    """The answer must be JSON (`response_format`, Responses `text.format`): an object valid against
+    `schema` (a JSON Schema, key order kept), or any JSON object when `schema` is None."""
+
+    schema: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class ReasoningControl:
     """`enabled=None` leaves the model's default; `effort` is the client's word (low/medium/high/...)."""
 
@@ -157,7 +165,7 @@ class ChatRequest:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice = "auto"
     reasoning: ReasoningControl = field(default_factory=ReasoningControl)
-    response_format: dict[str, Any] | None = None  # OpenAI json_schema/json_object; enforced in issue 4
+    response_format: JsonFormat | None = None  # enforced by constrained decoding
 
     @property
     def active_tools(self) -> tuple[ToolSpec, ...]:
@@ -171,3 +179,4 @@ class TextRequest:
 
     prompt: str
     options: GenerationOptions = field(default_factory=GenerationOptions)
+    response_format: JsonFormat | None = None

@@ -124,6 +124,9 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
         segmenter_factory=syntax.segmenter,
         tool_memory=None if args.disable_exact_tool_replay else ToolReplayMemory(),
         live_sequences=LiveSequences(),
+        tool_syntax=syntax.tool_parser,
+        vocab_size=core.loaded.arch.vocab_size,
+        reasoning_syntax=syntax.reasoning,
     )
     settings = ApiSettings(
         served_model_name=model_name,

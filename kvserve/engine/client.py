@@ -15,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.core import EngineCore
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import Request
@@ -57,12 +58,17 @@ class AsyncEngineClient:
         self._thread.start()
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
     ) -> AsyncIterator[EngineOutput]:
-        """Stream one request's outputs; raises PromptTooLongError before queueing."""
+        """Stream one request's outputs; raises PromptTooLongError before queueing. `constraint`
+        belongs to the engine thread from here on."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        request = self.core.make_request(request_id, prompt_token_ids, params)
+        request = self.core.make_request(request_id, prompt_token_ids, params, constraint)
         outputs: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
         self._inbox.put(_Add(request, asyncio.get_running_loop(), outputs))
         finished = False

@@ -8,6 +8,7 @@ import time
 import torch
 
 from kvserve.config import EngineConfig, resolve
+from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
 from kvserve.engine.request import Request
@@ -62,7 +63,13 @@ class EngineCore:
             config.device,
         )
 
-    def make_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> Request:
+    def make_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
+    ) -> Request:
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         vocab_size = self.loaded.arch.vocab_size
@@ -77,6 +84,7 @@ class EngineCore:
             eos_token_ids=self.loaded.tokenizer.eos_token_ids,
             arrival_time=time.monotonic(),
             max_model_len=self.max_model_len,
+            constraint=constraint,
         )
         # Checked here, on the caller's thread, so the error reaches it before queueing.
         limit = self.scheduler.token_limit(request)

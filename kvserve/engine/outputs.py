@@ -66,6 +66,7 @@ class EngineOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_computed_tokens: int = 0  # prompt tokens prefilled so far; set on prefill-progress outputs
+    error: str | None = None  # with FinishReason.ERROR: why the token constraint failed
 
     @property
     def finished(self) -> bool:

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.sampling_params import SamplingParams
 
 
@@ -18,6 +19,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()  # the request's token constraint failed
 
     @property
     def is_finished(self) -> bool:
@@ -28,12 +30,14 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # EOS or a stop token id
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # the token constraint rejected a token or failed (Request.error says why)
 
 
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
     RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    RequestStatus.FINISHED_ERROR: FinishReason.ERROR,
 }
 
 
@@ -60,6 +64,8 @@ class Request:
     num_cached_tokens: int = -1  # prefix-cache hit at first scheduling; -1 until scheduled
     num_preemptions: int = 0
     max_model_len: int | None = None  # context limit; finishing with LENGTH when reached
+    constraint: TokenConstraint | None = None  # grammar-constrained decoding; None: free
+    error: str | None = None  # set with FINISHED_ERROR
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -1,11 +1,12 @@
 """Sampler: picks the next token for every row of a batch on the device.
 
 Per row, in order: logit_bias, penalties (repetition over prompt + output, presence and
-frequency over output), logprobs (from these processed logits, before temperature; vLLM's
-default "processed_logprobs" minus temperature, so a reported logprob does not depend on
-how the caller sampled), then greedy argmax, or temperature -> top-k -> top-p -> min-p ->
+frequency over output), the allowed-token mask of constrained rows (grammar), logprobs (from
+these processed logits, before temperature; vLLM's default "processed_logprobs" minus
+temperature, so a reported logprob does not depend on how the caller sampled), then greedy argmax, or temperature -> top-k -> top-p -> min-p ->
 exponential-race sampling. Every stage is one batched op and is skipped when no row uses it;
-the all-greedy, no-penalty, no-logprobs step is a single argmax with no host sync.
+the all-greedy, no-penalty, no-logprobs step is a single argmax with no host sync. A constraint may
+also make a row greedy for one step (structural bytes of a tool call).
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ class SamplingBatch:
     bias_values: torch.Tensor | None  # [N] float32
     penalties: Penalties | None
     num_logprobs: list[int | None]  # host-side, per row
+    token_bitmask: torch.Tensor | None = None  # [B, ceil(V / 32)] int32, bit set = allowed; None: no mask
 
     @classmethod
     def build(
@@ -130,11 +132,16 @@ class SamplingBatch:
         generators: list[torch.Generator | None],
         vocab_size: int,
         device: torch.device,
+        token_bitmask: torch.Tensor | None = None,
+        force_greedy: list[bool] | None = None,
     ) -> SamplingBatch:
+        """`token_bitmask` (host or device) and `force_greedy` come from the rows' token constraints."""
         device = torch.device(device)
         num_rows = len(params)
         assert len(prompt_token_ids) == len(output_token_ids) == len(generators) == num_rows
-        greedy = [_is_greedy(p) for p in params]
+        greedy = [
+            _is_greedy(p) or (force_greedy is not None and force_greedy[row]) for row, p in enumerate(params)
+        ]
         sampled = [p for p, g in zip(params, greedy) if not g]
         top_ks = [_top_k(p, vocab_size) if not g else vocab_size for p, g in zip(params, greedy)]
         any_top_k = any(k < vocab_size for k in top_ks)
@@ -181,6 +188,7 @@ class SamplingBatch:
             if any(p.has_penalties for p in params)
             else None,
             num_logprobs=[p.logprobs for p in params],
+            token_bitmask=None if token_bitmask is None else token_bitmask.to(device, non_blocking=True),
         )
 
 
@@ -204,11 +212,21 @@ class Sampler:
             logits = logits.index_put(batch.bias_index, batch.bias_values, accumulate=True)
         if batch.penalties is not None:
             logits = batch.penalties.apply(logits)
+        if batch.token_bitmask is not None:
+            logits = apply_token_bitmask(logits, batch.token_bitmask)
         if batch.is_all_greedy:
             sampled_ids = logits.argmax(dim=-1)
         else:
             sampled_ids = _sample(logits, batch)
         return SamplerOutput(sampled_ids, _logprobs(logits, sampled_ids, batch.num_logprobs))
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf where the row's bit is clear. [B, V] float32 logits, [B, ceil(V / 32)] int32 bitmask."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [B, W, 32]: bit i of word w is token 32 * w + i
+    allowed = bits.view(bitmask.shape[0], -1)[:, : logits.shape[1]].bool()  # [B, V]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def _sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

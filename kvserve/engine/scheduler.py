@@ -126,6 +126,8 @@ class Scheduler:
             if logprob is not None:
                 request.output_logprobs.append(logprob)
             self._check_stop(request, token_id)
+            if request.constraint is not None and not request.is_finished:
+                _advance_constraint(request, token_id)
             outputs.append(self._output(request, token_id, logprob))
         self._release_finished()
         return outputs
@@ -226,4 +228,17 @@ class Scheduler:
             finish_reason=request.finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=max(request.num_cached_tokens, 0),
+            error=request.error,
         )
+
+
+def _advance_constraint(request: Request, token_id: int) -> None:
+    """Feed the sampled token to the request's constraint: a rejection fails the request alone; a
+    constraint that admits nothing but end-of-sequence ends it here, without sampling that token."""
+    constraint = request.constraint
+    assert constraint is not None
+    if not constraint.accept_token(token_id):
+        request.status = RequestStatus.FINISHED_ERROR
+        request.error = constraint.error or f"token {token_id} violates the request's constraint"
+    elif constraint.is_finished:
+        request.status = RequestStatus.FINISHED_STOPPED

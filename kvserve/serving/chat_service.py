@@ -11,16 +11,20 @@ import logging
 import uuid
 from array import array
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvserve.chat.conversation import ChatRequest, GenerationOptions, SamplingOptions, TextRequest
 from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.render import ChatRenderer, ChatTemplateError
 from kvserve.chat.stop import StopMatcher
+from kvserve.grammar.compiler import GrammarCompiler, tokenizer_factory
+from kvserve.reasoning import ReasoningSyntax
+from kvserve.serving.constraints import DecodingConstraints
 from kvserve.serving.engine_protocol import (
     EngineClientProtocol,
     SamplingParams,
     SamplingParamsError,
+    TokenConstraint,
     TokenizerLike,
 )
 from kvserve.serving.errors import ContextLengthExceededError, RequestError
@@ -39,6 +43,7 @@ from kvserve.serving.tool_continuation import (
     reuse_live_prefix,
 )
 from kvserve.serving.tool_memory import ToolReplayMemory, attach_replays
+from kvserve.toolcalls.registry import DEFAULT_SYNTAX
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +71,7 @@ class PreparedRequest:
     stop: tuple[str, ...]
     chat: ChatRequest | None = None  # None for raw-prompt completions: their output is not parsed
     prompt_text: str = ""  # the rendered prompt (chat requests)
+    constraint: TokenConstraint | None = None  # grammar-constrained decoding (tool_choice, response_format)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -84,9 +90,14 @@ class ChatService:
         segmenter_factory: SegmenterFactory = plain_text_segmenter,
         tool_memory: ToolReplayMemory | None = None,
         live_sequences: LiveSequences | None = None,
+        tool_syntax: str = DEFAULT_SYNTAX,
+        vocab_size: int | None = None,
+        reasoning_syntax: ReasoningSyntax | None = None,
     ):
         """`tool_memory` None turns exact tool replay off (--disable-exact-tool-replay); `live_sequences`
-        None turns live tool continuation off."""
+        None turns live tool continuation off. `tool_syntax` and `reasoning_syntax` are what the
+        segmenter parses (forced outputs follow them); `vocab_size` is the width of the model's logits
+        (default: the tokenizer's size)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -104,6 +115,8 @@ class ChatService:
         }
         self.renderer = ChatRenderer(tokenizer.chat_template, special)
         self.token_texts = TokenTexts(hf)
+        compiler = GrammarCompiler(tokenizer_factory(hf, vocab_size or len(hf), tokenizer.eos_token_ids))
+        self.constraints = DecodingConstraints(compiler, tool_syntax, reasoning=reasoning_syntax)
 
     # -- prepare (sync; run it off the event loop for long prompts) ---------------------
 
@@ -130,9 +143,10 @@ class ChatService:
             text = self.render(request)
             prompt = reuse_live_prefix(text, request.messages, self.live_sequences, self._tokenize_rest)
             prompt = prompt or PromptTokens(self.tokenize(text, add_special_tokens=False), text)
-        return self._prepare(
+        prepared = self._prepare(
             prompt.token_ids, request.options, param, request_id, chat=request, prompt_text=prompt.text
         )
+        return self._constrained(prepared, lambda: self.constraints.for_chat(request, prompt.text))
 
     def _live_prompt(self, request: ChatRequest, wording: ContinuationWording) -> PromptTokens | None:
         found = find_live_sequence(request, wording, self.live_sequences, self.tool_memory)
@@ -150,7 +164,17 @@ class ChatService:
         self, request: TextRequest, param: str = "prompt", request_id: str | None = None
     ) -> PreparedRequest:
         token_ids = self.tokenize(request.prompt, add_special_tokens=True)
-        return self._prepare(token_ids, request.options, param, request_id)
+        prepared = self._prepare(token_ids, request.options, param, request_id)
+        return self._constrained(prepared, lambda: self.constraints.for_text(request))
+
+    @staticmethod
+    def _constrained(
+        prepared: PreparedRequest, constraint: Callable[[], TokenConstraint | None]
+    ) -> PreparedRequest:
+        """Built even when max_tokens is 0 (a bad schema is a 400 regardless); attached only when
+        something will run."""
+        built = constraint()
+        return prepared if built is None or prepared.params is None else replace(prepared, constraint=built)
 
     def _tokenize_rest(self, text: str) -> list[int]:
         return self.tokenize(text, add_special_tokens=False)
@@ -237,7 +261,9 @@ class ChatService:
                 yield event
             return
         run = self._new_run(prepared)
-        outputs = self.engine.generate(prepared.request_id, prepared.prompt_token_ids, prepared.params)
+        outputs = self.engine.generate(
+            prepared.request_id, prepared.prompt_token_ids, prepared.params, constraint=prepared.constraint
+        )
         beats = with_heartbeat(outputs, self.keepalive_s)
         try:
             async for output in beats:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import FinishReason as EngineFinishReason
 from kvserve.engine.request import Logprob
@@ -21,6 +22,7 @@ __all__ = [
     "Logprob",
     "SamplingParams",
     "SamplingParamsError",
+    "TokenConstraint",
     "TokenizerLike",
 ]
 
@@ -33,7 +35,11 @@ class EngineClientProtocol(Protocol):
     """
 
     def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
     ) -> AsyncIterator[EngineOutput]: ...
 
 

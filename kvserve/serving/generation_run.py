@@ -41,6 +41,7 @@ class GenerationRun:
         self.num_cached_tokens = 0
         self.is_done = False  # no more outputs wanted: the engine finished or a stop string matched
         self._reason: FinishReason | None = None
+        self._error: str | None = None  # the engine's reason for FinishReason.ERROR
 
     def tick(self) -> list[GenerationEvent]:
         """A heartbeat: a keepalive event while the prompt is still prefilling."""
@@ -62,14 +63,16 @@ class GenerationRun:
         events += step.events
         if step.stopped:
             self.is_done, self._reason = True, "stop"
-        elif output.finish_reason is not None:  # ABORT maps to None: the stream fails
+        elif output.finish_reason is not None:  # ABORT and ERROR map to None: the stream fails
             self.is_done, self._reason = True, _ENGINE_REASONS.get(output.finish_reason)
+            if output.finish_reason == EngineFinishReason.ERROR:
+                self._error = f"constrained decoding failed: {output.error}"
         return events
 
     def finish(self) -> list[GenerationEvent]:
         """The closing events, once the outputs have ended."""
-        if self._reason is None:  # aborted, or the stream ended without a finish
-            return [Failed("generation was aborted")]
+        if self._reason is None:  # aborted, failed, or the stream ended without a finish
+            return [Failed(self._error or "generation was aborted")]
         return [
             *self.pipeline.finish(),
             self._usage(),

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import FinishReason, Logprob
 from kvserve.engine.sampling_params import SamplingParams
@@ -27,9 +28,17 @@ class ByteTokenizer:
 
     bos_token = "<|endoftext|>"
     eos_token = "<|im_end|>"
+    # llguidance's TokenizerWrapper protocol, so grammars compile against this vocabulary too.
+    bos_token_id = SPECIAL_TOKENS["<|endoftext|>"]
+    eos_token_id = EOS_ID
+    special_token_ids = list(SPECIAL_TOKENS.values())
+    tokens = [bytes([i]) for i in range(256)] + [name.encode() for name in SPECIAL_TOKENS]
 
     def __len__(self) -> int:
         return 256 + len(SPECIAL_TOKENS)
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return self.encode(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids: list[int] = []
@@ -104,12 +113,18 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.requests: list[tuple[list[int], SamplingParams]] = []
         self.request_ids: list[str] = []
+        self.constraints: list[TokenConstraint | None] = []  # per request, in order (not applied)
         self._history: list[list[int]] = []
 
     async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
     ) -> AsyncIterator[EngineOutput]:
         self.requests.append((list(prompt_token_ids), params))
+        self.constraints.append(constraint)
         self.request_ids.append(request_id)
         cached = self._cached_tokens(prompt_token_ids)
         tokens = self.script(prompt_token_ids) if callable(self.script) else list(self.script)

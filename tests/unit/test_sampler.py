@@ -257,3 +257,61 @@ def test_logit_bias_is_additive():
     reference = torch.tensor([2.5, 2.0, 0.5]).log_softmax(-1)
     assert ids == [0]
     assert logprobs[0].logprob == pytest.approx(reference[0].item(), abs=1e-6)
+
+
+def _bitmask(allowed_rows: list[list[int] | None], vocab_size: int) -> torch.Tensor:
+    """[B, ceil(V/32)] int32; None rows allow everything."""
+    words = torch.full((len(allowed_rows), (vocab_size + 31) // 32), -1, dtype=torch.int32)
+    for row, allowed in enumerate(allowed_rows):
+        if allowed is None:
+            continue
+        words[row].zero_()
+        for token_id in allowed:
+            word, bit = divmod(token_id, 32)
+            words[row, word] |= torch.tensor(1 << bit, dtype=torch.int64).to(torch.int32)
+    return words
+
+
+def test_token_bitmask_restricts_constrained_rows_only():
+    torch.manual_seed(0)
+    vocab = 70  # not a multiple of 32: the last word is partly past the vocabulary
+    logits = torch.randn(4, vocab) * 4
+    allowed = [[3, 31, 32, 69], None, [0], [45, 46]]
+    params = [
+        GREEDY,
+        GREEDY,
+        SamplingParams(temperature=1.5, seed=1),
+        SamplingParams(temperature=1.0, top_k=2),
+    ]
+    batch = SamplingBatch.build(
+        params,
+        [[]] * 4,
+        [[]] * 4,
+        [None, None, make_generator(1, CPU), None],
+        vocab,
+        CPU,
+        token_bitmask=_bitmask(allowed, vocab),
+    )
+    for _ in range(20):
+        ids = Sampler()(logits, batch).sampled_token_ids.tolist()
+        assert ids[0] == max([3, 31, 32, 69], key=lambda t: logits[0, t].item())
+        assert ids[1] == logits[1].argmax().item()  # unconstrained row untouched
+        assert ids[2] == 0 and ids[3] in (45, 46)
+
+
+def test_force_greedy_overrides_temperature_for_that_row():
+    logits = torch.tensor([[0.0, 0.1, 0.2]]).repeat(2, 1)
+    params = [SamplingParams(temperature=5.0)] * 2
+    batch = SamplingBatch.build(params, [[]] * 2, [[]] * 2, [None, None], 3, CPU, force_greedy=[True, False])
+    draws = {tuple(Sampler()(logits, batch).sampled_token_ids.tolist()) for _ in range(60)}
+    assert {d[0] for d in draws} == {2}  # greedy row
+    assert len({d[1] for d in draws}) > 1  # the other still samples
+
+
+def test_masked_logprobs_report_the_constrained_distribution():
+    logits = torch.zeros(1, 8)
+    params = [SamplingParams(temperature=0, logprobs=2)]
+    batch = SamplingBatch.build(params, [[]], [[]], [None], 8, CPU, token_bitmask=_bitmask([[2, 5]], 8))
+    output = Sampler()(logits, batch)
+    assert output.sampled_token_ids.tolist() == [2]
+    assert math.isclose(output.logprobs[0].logprob, math.log(0.5), abs_tol=1e-6)

@@ -11,6 +11,7 @@ from kvserve.api.openai_chat.schema import ChatCompletionRequest, ChatMessage, C
 from kvserve.api.request_fields import (
     arguments_text,
     image_part,
+    json_format,
     max_tokens,
     new_id,
     openai_sampling,
@@ -80,7 +81,7 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
         tools=tools_from_openai(t.model_dump(exclude_none=True) for t in wire.tools or ()),
         tool_choice=tool_choice(wire.tool_choice),
         reasoning=_reasoning(wire),
-        response_format=wire.response_format,
+        response_format=json_format(wire.response_format, "response_format"),
     )
 
 

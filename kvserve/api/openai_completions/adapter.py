@@ -8,7 +8,7 @@ from typing import Any
 from kvserve.api.errors import ApiError
 from kvserve.api.openai_chat.adapter import usage_json
 from kvserve.api.openai_completions.schema import CompletionRequest
-from kvserve.api.request_fields import max_tokens, openai_sampling, stop_list, top_logprobs
+from kvserve.api.request_fields import json_format, max_tokens, openai_sampling, stop_list, top_logprobs
 from kvserve.api.sse import DONE, KEEPALIVE, data_frame
 from kvserve.chat.conversation import GenerationOptions, TextRequest
 from kvserve.serving.events import (
@@ -41,7 +41,7 @@ def to_text_request(wire: CompletionRequest) -> TextRequest:
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(wire.max_tokens, "max_tokens"),
     )
-    return TextRequest(prompt, options)
+    return TextRequest(prompt, options, json_format(wire.response_format, "response_format"))
 
 
 def logprobs_json(tokens: list[TokenLogprob], text_offset: int = 0) -> dict[str, Any]:

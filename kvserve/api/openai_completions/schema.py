@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvserve.api.openai_chat.schema import StreamOptions
 from kvserve.api.wire import WireModel
 
@@ -30,3 +32,4 @@ class CompletionRequest(WireModel):
     logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
+    response_format: dict[str, Any] | None = None  # vLLM's extension: json_object / json_schema

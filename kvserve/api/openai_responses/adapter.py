@@ -10,6 +10,7 @@ from kvserve.api.openai_responses.schema import InputContent, InputItem, Respons
 from kvserve.api.request_fields import (
     arguments_text,
     image_part,
+    json_format,
     max_tokens,
     reasoning_from_effort,
     stop_list,
@@ -91,9 +92,7 @@ def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) 
         tools=tools_from_responses(wire.tools or ()),
         tool_choice=_tool_choice(wire.tool_choice),
         reasoning=reasoning_from_effort(effort, "reasoning.effort"),
-        response_format=text_format
-        if isinstance(text_format, dict) and text_format.get("type") != "text"
-        else None,
+        response_format=json_format(text_format, "text.format"),
     )
 
 

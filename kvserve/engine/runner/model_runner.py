@@ -10,6 +10,7 @@ import torch
 
 from kvserve.engine.outputs import RunnerOutput, SchedulerOutput
 from kvserve.engine.runner.batch import build_model_inputs
+from kvserve.engine.runner.token_masks import build_token_masks
 from kvserve.engine.sampler import Sampler, SamplingBatch, make_generator
 from kvserve.models.layers.attention.metadata import forward_context
 from kvserve.models.loaded import LoadedModel
@@ -54,8 +55,10 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
         if not inputs.sampling:
             return RunnerOutput()
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
         requests = [s.request for s in inputs.sampling]
+        # Host-side grammar masks, computed while an accelerator still runs the forward.
+        masks = build_token_masks(requests, self.vocab_size, pin_memory=self.device.type == "cuda")
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
         batch = SamplingBatch.build(
             params=[r.sampling_params for r in requests],
             prompt_token_ids=[r.prompt_token_ids for r in requests],
@@ -63,6 +66,8 @@ class ModelRunner:
             generators=[self._generator(r.request_id, r.sampling_params.seed) for r in requests],
             vocab_size=logits.shape[-1],
             device=self.device,
+            token_bitmask=masks.bitmask,
+            force_greedy=masks.force_greedy,
         )
         sampled = self.sampler(logits, batch)
         token_ids = sampled.sampled_token_ids.tolist()  # the one host sync of a step
