@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after matplotlib.use: the backend is chosen before pyplot loads
+from matplotlib.ticker import MaxNLocator
 
 from kvserve.bench.context_sweep import ContextPoint
 from kvserve.bench.metrics import BenchMetrics
@@ -50,6 +51,7 @@ def plot_multiturn(
     axes[1].set_ylim(-5, 105)
     for ax in axes:
         ax.set_xlabel("turn")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if restart_after:
             ax.axvline(restart_after + 0.5, color="grey", linestyle="--", label="server restart")
         ax.legend()

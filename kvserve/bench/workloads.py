@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from kvserve.bench.serve_bench import LoadShape, ServeTarget, run_serve_bench
 from kvserve.bench.targets import Target
 
 Restart = Callable[[], float] | None
+logger = logging.getLogger(__name__)
 
 
 class Workload(Protocol):
@@ -159,6 +161,10 @@ class MultiturnWorkload:
             url, self.common.served_model, self.common.api, target.rules, self.common.logit_bias
         )
         bench = MultiturnBench(mt_target, self.tokenizer.tokenizer, self.config, self.common.progress)
+        if restart is None and self.config.restart_after_turn:
+            logger.warning(
+                "--restart-after ignored for %s: only servers the benchmark launched restart", target.label
+            )
 
         def restart_and_warm() -> None:
             assert restart is not None
