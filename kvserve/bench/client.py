@@ -242,3 +242,13 @@ def request_body(
         if logit_bias:
             body["logit_bias"] = logit_bias
     return body
+
+
+async def warm_up(base_url: str, model: str | None, api: Api) -> RequestResult:
+    """A 4-token request sharing nothing with any workload: kernel and allocator warm-up after a
+    (re)start, so it never lands in a measurement."""
+    async with new_http_client() as http:
+        body = request_body(api, "Say hi.", 4, model=model)
+        return await stream_request(
+            http, base_url, HttpRequest(api, body, 4), StreamRules(require_usage=False)
+        )

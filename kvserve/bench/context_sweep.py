@@ -58,11 +58,13 @@ def context_corpus(tokenizer: Tokenizer, num_tokens: int, fixture: Path = CLAUDE
     return (unit * repeats)[:num_tokens]
 
 
-def frontier_prompts(tokenizer: Tokenizer, frontiers: list[int]) -> list[str]:
+def frontier_prompts(
+    tokenizer: Tokenizer, frontiers: list[int], fixture: Path = CLAUDE_CODE_FIXTURE
+) -> list[str]:
     """Prompt i is a prefix (as text) of prompt i+1."""
     if frontiers != sorted(set(frontiers)) or frontiers[0] < 1:
         raise ValueError(f"frontiers must be increasing positive token counts, got {frontiers}")
-    corpus = context_corpus(tokenizer, frontiers[-1])
+    corpus = context_corpus(tokenizer, frontiers[-1], fixture)
     longest = tokenizer.decode(corpus)
     # Cut the one longest text at token boundaries, so every prompt is a text prefix of the next.
     return [tokenizer.decode(corpus[:f]) if f < frontiers[-1] else longest for f in frontiers]
@@ -105,8 +107,9 @@ async def run_context_sweep(
     rules: StreamRules = STRICT,
     logit_bias: dict[str, float] | None = None,
     progress: bool = True,
+    fixture: Path = CLAUDE_CODE_FIXTURE,
 ) -> list[ContextPoint]:
-    prompts = frontier_prompts(tokenizer, frontiers)
+    prompts = frontier_prompts(tokenizer, frontiers, fixture)
     points: list[ContextPoint] = []
     async with new_http_client() as http:
         previous = 0

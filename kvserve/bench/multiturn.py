@@ -49,6 +49,7 @@ class MultiturnConfig:
     session_rate: float | None = None  # Poisson arrivals of agents per second; None = closed loop
     think_time_s: float = 0.0
     seed: int = 0
+    fixture: Path = CLAUDE_CODE_FIXTURE  # an Anthropic Messages request body: its system + tools
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class MultiturnBench:
         self, target: MultiturnTarget, tokenizer: Tokenizer, config: MultiturnConfig, progress: bool = True
     ):
         self.target, self.tokenizer, self.config, self.progress = target, tokenizer, config, progress
-        self.text = load_session_text(tokenizer, config.prefix_tokens)
+        self.text = load_session_text(tokenizer, config.prefix_tokens, config.fixture)
         self.sessions = [AgentSession(a, self.text.system_prompt) for a in range(config.num_agents)]
 
     def run(self, restart: Callable[[], object] | None = None) -> list[TurnResult]:
@@ -202,15 +203,6 @@ class MultiturnBench:
         else:
             session.is_broken = True
         return TurnResult(session.agent, turn, is_after_restart, result)
-
-
-async def warm_up_request(base_url: str, model: str | None, api: Api = Api.CHAT) -> RequestResult:
-    """A 4-token request sharing nothing with the sessions: kernel/allocator warm-up after a (re)start."""
-    async with new_http_client() as http:
-        body = request_body(api, "Say hi.", 4, model=model)
-        return await stream_request(
-            http, base_url, HttpRequest(api, body, 4), StreamRules(require_usage=False)
-        )
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ def context_table(by_label: dict[str, list[ContextPoint]], title: str) -> Table:
         ]
         decode = [_fmt(p.decode_tok_s) if p and not p.error else "-" for p in found]
         table.add_row(str(frontier), *prefill, *decode)
-    table.caption = "* no cached count reported: prefilled tokens assumed = the new interval"
+    if any(p.is_prefill_assumed and not p.error for points in by_label.values() for p in points):
+        table.caption = "* no cached count reported: prefilled tokens assumed = the new interval"
     return table
 
 

@@ -24,7 +24,7 @@ from kvserve.bench.client import (
     stream_request,
 )
 from kvserve.bench.datasets import BenchRequest
-from kvserve.bench.metrics import SLO, BenchMetrics, RequestResult, compute_metrics
+from kvserve.bench.metrics import RequestResult
 
 
 @dataclass(frozen=True)
@@ -89,23 +89,3 @@ async def run_serve_bench(
         duration = time.perf_counter() - start
     bar.close()
     return list(results), duration
-
-
-def serve_bench(
-    target: ServeTarget,
-    requests: list[BenchRequest],
-    shape: LoadShape,
-    slo: SLO | None = None,
-    progress: bool = True,
-) -> BenchMetrics:
-    results, duration = asyncio.run(run_serve_bench(target, requests, shape, progress))
-    return compute_metrics(results, duration, slo)
-
-
-async def warm_up(target: ServeTarget, request: BenchRequest) -> RequestResult:
-    """One short request first, so model loading or kernel warm-up never lands in the measurement."""
-    async with new_http_client() as http:
-        body = request_body(target.api, request.prompt, 4, model=target.model, logit_bias=target.logit_bias)
-        return await stream_request(
-            http, target.base_url, HttpRequest(target.api, body, request.prompt_len), target.rules
-        )

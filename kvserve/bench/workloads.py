@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from rich.table import Table
 
 from kvserve.bench import plots, report
-from kvserve.bench.client import Api
+from kvserve.bench.client import Api, warm_up
 from kvserve.bench.context_sweep import ContextPoint, run_context_sweep
 from kvserve.bench.datasets import (
     BenchRequest,
@@ -30,7 +30,6 @@ from kvserve.bench.multiturn import (
     MultiturnTarget,
     TurnResult,
     summarize_turns,
-    warm_up_request,
 )
 from kvserve.bench.serve_bench import LoadShape, ServeTarget, run_serve_bench
 from kvserve.bench.targets import Target
@@ -82,10 +81,11 @@ def make(args: argparse.Namespace, tokenizer: BenchTokenizer) -> Workload:
             session_rate=args.session_rate,
             think_time_s=args.think_time,
             seed=args.seed,
+            fixture=args.fixture,
         )
         return MultiturnWorkload(common, tokenizer, config)
     frontiers = [int(x) for x in args.frontiers.split(",") if x.strip()]
-    return ContextWorkload(common, tokenizer, frontiers, args.decode_tokens)
+    return ContextWorkload(common, tokenizer, frontiers, args.decode_tokens, args.fixture)
 
 
 def _dataset(args: argparse.Namespace, tokenizer: BenchTokenizer) -> list[BenchRequest]:
@@ -116,7 +116,9 @@ def _shape(args: argparse.Namespace) -> LoadShape:
 
 
 def _warm_up(common: Common, url: str) -> None:
-    asyncio.run(warm_up_request(url, common.served_model, common.api))
+    result = asyncio.run(warm_up(url, common.served_model, common.api))
+    if not result.is_success:
+        logger.warning("warm-up request to %s failed: %s", url, result.error)
 
 
 class ServeWorkload:
@@ -194,13 +196,16 @@ class MultiturnWorkload:
 
 
 class ContextWorkload:
-    def __init__(self, common: Common, tokenizer: BenchTokenizer, frontiers: list[int], decode_tokens: int):
-        self.common, self.tokenizer, self.frontiers, self.decode_tokens = (
-            common,
-            tokenizer,
-            frontiers,
-            decode_tokens,
-        )
+    def __init__(
+        self,
+        common: Common,
+        tokenizer: BenchTokenizer,
+        frontiers: list[int],
+        decode_tokens: int,
+        fixture: Path,
+    ):
+        self.common, self.tokenizer, self.fixture = common, tokenizer, fixture
+        self.frontiers, self.decode_tokens = frontiers, decode_tokens
         self.default_name = f"context-{_slug(common.model)}"
 
     def run(self, target: Target, url: str, restart: Restart) -> list[ContextPoint]:
@@ -215,6 +220,7 @@ class ContextWorkload:
                 rules=target.rules,
                 logit_bias=self.common.logit_bias,
                 progress=self.common.progress,
+                fixture=self.fixture,
             )
         )
 

@@ -87,12 +87,25 @@ def _add_multiturn_args(p: argparse.ArgumentParser) -> None:
         "--session-rate", type=float, default=None, help="Poisson agent arrivals/s (default: closed loop)"
     )
     p.add_argument("--think-time", type=float, default=0.0, help="seconds an agent waits between turns")
+    _add_fixture(p)
 
 
 def _add_context_args(p: argparse.ArgumentParser) -> None:
     _add_common(p, "completions")
     p.add_argument("--frontiers", default="1024,2048,4096,7936", help="comma-separated context lengths")
     p.add_argument("--decode-tokens", type=int, default=64)
+    _add_fixture(p)
+
+
+def _add_fixture(p: argparse.ArgumentParser) -> None:
+    from kvserve.bench.multiturn import CLAUDE_CODE_FIXTURE
+
+    p.add_argument(
+        "--fixture",
+        type=Path,
+        default=CLAUDE_CODE_FIXTURE,
+        help="Anthropic Messages request whose system + tools make the prompt text (default: Claude Code's)",
+    )
 
 
 def _add_target_args(p: argparse.ArgumentParser, default_targets: str, default_out: Path | None) -> None:

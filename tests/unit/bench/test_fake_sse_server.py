@@ -23,8 +23,10 @@ from kvserve.bench.client import (
 )
 from kvserve.bench.datasets import BenchRequest
 from kvserve.bench.metrics import RequestResult
+from kvserve.bench.multiturn import MultiturnBench, MultiturnConfig, MultiturnTarget
 from kvserve.bench.serve_bench import LoadShape, ServeTarget, run_serve_bench
 from tests.live_uvicorn import serve_in_thread
+from tests.unit.bench.char_tokenizer import CharTokenizer
 
 
 def _chunk(content: str | None = None, finish: str | None = None) -> str:
@@ -85,8 +87,22 @@ def _app(tracker: Tracker) -> Starlette:
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
+    async def agent(request: Request) -> StreamingResponse:
+        body = await request.json()
+        tracker.bodies.append(body)
+        reply = f"reply {len(body['messages'])}"
+        usage = {"prompt_tokens": 100, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 75}}
+        script = [
+            _chunk(reply),
+            _chunk(finish="length"),
+            json.dumps({"choices": [], "usage": usage}),
+            "[DONE]",
+        ]
+        return StreamingResponse(iter([_sse_bytes(script)]), media_type="text/event-stream")
+
     return Starlette(
         routes=[
+            Route("/agent/v1/chat/completions", agent, methods=["POST"]),
             Route("/slow/v1/chat/completions", slow, methods=["POST"]),
             Route("/{scenario}/v1/chat/completions", scripted, methods=["POST"]),
         ]
@@ -146,3 +162,28 @@ async def test_serve_bench_respects_max_concurrency(fake: tuple[str, Tracker]) -
     assert all(r.is_success for r in results) and len(results) == 6
     assert tracker.max_in_flight == 2
     assert duration >= 3 * 6 * 0.02 * 0.9  # three waves of two, six 20 ms gaps each
+
+
+def test_multiturn_sessions_grow_history_and_restart_between_turns(fake: tuple[str, Tracker]) -> None:
+    url, tracker = fake
+    tracker.bodies.clear()
+    restarts: list[int] = []
+    config = MultiturnConfig(
+        num_agents=2, num_turns=3, prefix_tokens=300, user_tokens=20, output_tokens=2, restart_after_turn=1
+    )
+    bench = MultiturnBench(MultiturnTarget(f"{url}/agent"), CharTokenizer(), config, progress=False)
+    results = bench.run(restart=lambda: restarts.append(len(tracker.bodies)))
+    assert restarts == [2]  # after both agents' first turn, before any second turn
+    assert [(r.turn, r.is_after_restart) for r in results] == [
+        (1, False),
+        (1, False),
+        (2, True),
+        (2, True),
+        (3, True),
+        (3, True),
+    ]
+    assert all(r.result.is_success and r.cached_ratio == 0.75 for r in results)
+    last = [b for b in tracker.bodies if b["messages"][1]["content"].startswith("Agent 1:")][-1]["messages"]
+    assert [m["role"] for m in last] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert last[2]["content"] == "reply 2" and last[4]["content"] == "reply 4"
+    assert len(last[0]["content"]) == 300 and last[5]["content"].startswith("Tool result (call_1_2")
