@@ -8,6 +8,7 @@ sends SIGTERM (kvserve saves its disk-tier checkpoints on it) and waits, then SI
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import signal
 import socket
@@ -80,10 +81,20 @@ def llama_server_available() -> str | None:
 
 def llama_server_has_option(name: str) -> bool:
     """Whether this llama-cpp-python's server takes `--name` (0.3.x has no parallel decoding)."""
+    return f"--{name}" in _help_text("llama_cpp.server")
+
+
+def kvserve_has_option(name: str) -> bool:
+    """Whether this kvserve's `serve` takes `--name` (the disk-tier flags arrive with issue 5)."""
+    return f"--{name}" in _help_text("kvserve", "serve")
+
+
+@functools.cache
+def _help_text(*module_and_args: str) -> str:
     probe = subprocess.run(
-        [sys.executable, "-m", "llama_cpp.server", "--help"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", *module_and_args, "--help"], capture_output=True, text=True, check=False
     )
-    return f"--{name}" in probe.stdout
+    return probe.stdout
 
 
 def free_port() -> int:

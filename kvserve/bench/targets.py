@@ -1,13 +1,15 @@
 """What a benchmark runs against: a URL someone else runs, or a server the benchmark launches itself.
 
-Named launch targets: `kvserve`, `kvserve-disk` (disk KV tier in a fresh directory),
-`kvserve-no-kv-cache` (disk tier off) and `llama-server` (llama-cpp-python on the same GGUF).
-Extra kvserve flags pass through untouched, so targets work whichever flags this kvserve has.
+Named launch targets: `kvserve`, `kvserve-disk` (the same, but refuses to run without a disk KV
+tier), `kvserve-no-kv-cache` (disk tier off) and `llama-server` (llama-cpp-python on the same GGUF).
+A kvserve that has the disk tier always gets a fresh `--kv-cache-dir` per run. Extra kvserve flags
+pass through untouched, so targets work whichever flags this kvserve has.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import tempfile
 from collections.abc import Callable, Iterator
@@ -15,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.bench.client import StreamRules
-from kvserve.bench.peers import ServerKind, ServerProcess, ServerSpec, llama_server_available
+from kvserve.bench.peers import (
+    ServerKind,
+    ServerProcess,
+    ServerSpec,
+    ServerStartError,
+    kvserve_has_option,
+    llama_server_available,
+)
 
 TARGET_NAMES = ("kvserve", "kvserve-disk", "kvserve-no-kv-cache", "llama-server")
 
@@ -25,7 +34,7 @@ class Target:
     label: str
     url: str | None = None  # set: an existing server; else `spec` is launched
     spec: ServerSpec | None = None
-    uses_disk_dir: bool = False  # gets a fresh --kv-cache-dir per run
+    needs_disk_tier: bool = False  # kvserve-disk: fail rather than run without the disk tier
 
     @property
     def rules(self) -> StreamRules:
@@ -59,7 +68,7 @@ def launch_targets(names: list[str], options: LaunchOptions) -> list[Target]:
         spec = ServerSpec(
             name, ServerKind.KVSERVE, options.model, options.ctx, options.threads, options.parallel, extra
         )
-        targets.append(Target(name, spec=spec, uses_disk_dir=name == "kvserve-disk"))
+        targets.append(Target(name, spec=spec, needs_disk_tier=name == "kvserve-disk"))
     return targets
 
 
@@ -97,16 +106,23 @@ def running(target: Target, log_dir: Path | None = None) -> Iterator[tuple[str, 
     assert target.spec is not None
     with contextlib.ExitStack() as stack:
         spec = target.spec
-        if target.uses_disk_dir:
+        if _wants_fresh_cache_dir(target):
+            # A fresh disk cache per run: nothing left by an earlier run (same seeds, same prompts)
+            # can turn a cold prefill into a hit; a restart inside the run keeps the same directory.
             cache_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvserve-bench-kv-"))
-            spec = ServerSpec(
-                spec.label,
-                spec.kind,
-                spec.model,
-                spec.ctx,
-                spec.threads,
-                spec.parallel,
-                (*spec.extra_args, "--kv-cache-dir", cache_dir),
-            )
+            spec = dataclasses.replace(spec, extra_args=(*spec.extra_args, "--kv-cache-dir", cache_dir))
         server = stack.enter_context(ServerProcess(spec, log_dir))
         yield server.url, server.restart
+
+
+def _wants_fresh_cache_dir(target: Target) -> bool:
+    spec = target.spec
+    if spec is None or spec.kind is not ServerKind.KVSERVE:
+        return False
+    if "--no-kv-cache" in spec.extra_args or "--kv-cache-dir" in spec.extra_args:
+        return False
+    if kvserve_has_option("kv-cache-dir"):
+        return True
+    if target.needs_disk_tier:
+        raise ServerStartError(f"{target.label}: this kvserve has no --kv-cache-dir (no disk KV tier)")
+    return False

@@ -53,3 +53,22 @@ def test_llama_server_command_queues_instead_of_interrupting() -> None:
     assert cmd[i + 1] == "False"
     assert cmd[cmd.index("--n_threads") + 1] == "2" and cmd[cmd.index("--n_ctx") + 1] == "8192"
     assert cmd[-2:] == ["--cache", "True"]
+
+
+@pytest.mark.parametrize("has_disk_tier", [True, False])
+def test_fresh_cache_dir_only_when_kvserve_has_the_disk_tier(
+    monkeypatch: pytest.MonkeyPatch, has_disk_tier: bool
+) -> None:
+    from kvserve.bench import targets
+    from kvserve.bench.peers import ServerStartError
+
+    monkeypatch.setattr(targets, "kvserve_has_option", lambda name: has_disk_tier)
+    options = LaunchOptions("smollm2", 2048, 2, None)
+    plain, disk, no_cache = launch_targets(["kvserve", "kvserve-disk", "kvserve-no-kv-cache"], options)
+    assert targets._wants_fresh_cache_dir(plain) is has_disk_tier
+    assert not targets._wants_fresh_cache_dir(no_cache)
+    if has_disk_tier:
+        assert targets._wants_fresh_cache_dir(disk)
+    else:
+        with pytest.raises(ServerStartError, match="no --kv-cache-dir"):
+            targets._wants_fresh_cache_dir(disk)
