@@ -162,7 +162,7 @@ class ServerProcess:
             if self._process.poll() is not None:
                 code = self._process.returncode
                 self._process = None
-                raise ServerStartError(f"{self.spec.label} exited with {code}:\n{self.log_tail()}")
+                raise ServerStartError(f"{self.spec.label} {_exit_reason(code)}:\n{self.log_tail()}")
             try:
                 if httpx.get(self.url + "/v1/models", timeout=2.0, trust_env=False).status_code == 200:
                     return
@@ -180,6 +180,15 @@ class ServerProcess:
         except OSError:
             return "(no log)"
         return "\n".join(lines[-num_lines:])
+
+
+def _exit_reason(code: int) -> str:
+    if code >= 0:
+        return f"exited with status {code}"
+    name = signal.Signals(-code).name
+    if name == "SIGILL":  # seen with llama-cpp-python wheels built for another CPU
+        return "died of SIGILL: a native library uses instructions this CPU lacks (rebuild it for this CPU)"
+    return f"died of {name}"
 
 
 def _slug(label: str) -> str:
