@@ -71,6 +71,8 @@ def make(args: argparse.Namespace, tokenizer: BenchTokenizer) -> Workload:
     if args.workload == "serve":
         return ServeWorkload(common, _dataset(args, tokenizer), _shape(args), parse_slo(args.goodput))
     if args.workload == "multiturn":
+        if common.api is Api.COMPLETIONS:
+            raise ValueError("bench multiturn sends conversations: use --api chat or --api anthropic")
         config = MultiturnConfig(
             num_agents=args.agents,
             num_turns=args.turns,
@@ -84,6 +86,8 @@ def make(args: argparse.Namespace, tokenizer: BenchTokenizer) -> Workload:
             fixture=args.fixture,
         )
         return MultiturnWorkload(common, tokenizer, config)
+    if common.api is not Api.COMPLETIONS:
+        raise ValueError("bench context extends one raw prompt: it drives --api completions only")
     frontiers = [int(x) for x in args.frontiers.split(",") if x.strip()]
     return ContextWorkload(common, tokenizer, frontiers, args.decode_tokens, args.fixture)
 

@@ -189,7 +189,7 @@ def _write_outputs(args: argparse.Namespace, workload: Any, results: dict[str, A
         if sys.argv and "kvserve" in sys.argv[0]
         else " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "machine": platform.processor() or platform.machine(),
+        "machine": _cpu_model(),
         "cpus": os.cpu_count(),
         "summary": workload.summary(results),
     }
@@ -197,3 +197,13 @@ def _write_outputs(args: argparse.Namespace, workload: Any, results: dict[str, A
     paths[-1].write_text(json.dumps(meta, indent=2, default=str) + "\n")
     for path in paths:
         console.print(f"wrote {path}")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
