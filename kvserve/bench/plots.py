@@ -54,7 +54,8 @@ def plot_multiturn(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if restart_after:
             ax.axvline(restart_after + 0.5, color="grey", linestyle="--", label="server restart")
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     return _save(fig, path, title)
 
 
