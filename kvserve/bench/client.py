@@ -35,8 +35,9 @@ class Api(enum.Enum):
 
 @dataclass(frozen=True)
 class StreamRules:
-    # llama-cpp-python's server sends no usage in streams; for it the output length falls back to the
-    # number of content chunks (one token each there) and the prompt length to the dataset's count.
+    # llama-cpp-python's server sends no usage in streams; for it the output length falls back to
+    # max_tokens when the length limit ended the stream, else to the number of content chunks, and
+    # the prompt length to the client's own count.
     require_usage: bool = True
 
 
@@ -150,7 +151,7 @@ class StreamRecorder:
         if self.first_content_at is None:
             raise IncompleteStreamError("stream carried no generated content")
 
-    def result(self, fallback_prompt_len: int) -> RequestResult:
+    def result(self, fallback_prompt_len: int, max_tokens: int | None = None) -> RequestResult:
         """The request's result; a failed one (is_success False) when the stream is incomplete."""
         try:
             self.check_complete()
@@ -159,7 +160,7 @@ class StreamRecorder:
                 is_success=False, prompt_len=fallback_prompt_len, output_len=0, error=str(error)
             )
         assert self.first_content_at is not None and self.last_content_at is not None
-        output_len = self.completion_tokens if self.completion_tokens is not None else self.num_content_chunks
+        output_len = self._output_len(max_tokens)
         return RequestResult(
             is_success=True,
             prompt_len=self.prompt_tokens if self.prompt_tokens is not None else fallback_prompt_len,
@@ -170,6 +171,15 @@ class StreamRecorder:
             cached_tokens=self.cached_tokens,
             generated_text="".join(self.text),
         )
+
+    def _output_len(self, max_tokens: int | None) -> int:
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        # No usage: a stream cut by the length limit produced exactly max_tokens tokens; otherwise
+        # count content chunks (a chunk may hold several tokens, e.g. a held-back multibyte char).
+        if max_tokens is not None and self.finish_reason == "length":
+            return max_tokens
+        return self.num_content_chunks
 
 
 async def stream_request(
@@ -194,7 +204,7 @@ async def stream_request(
                     event = None
     except httpx.HTTPError as error:
         return _failed(request, f"{type(error).__name__}: {error}")
-    return recorder.result(request.prompt_len)
+    return recorder.result(request.prompt_len, request.body.get("max_tokens"))
 
 
 def _failed(request: HttpRequest, reason: str) -> RequestResult:

@@ -102,3 +102,18 @@ def test_anthropic_stream() -> None:
     assert not cut.is_success and "message_stop" in cut.error
     err = _feed(Api.ANTHROPIC, [*payloads[:3], '{"type":"error","error":{"type":"overloaded_error"}}'])
     assert "overloaded_error" in err.result(1).error
+
+
+def test_without_usage_a_length_finish_means_max_tokens() -> None:
+    # One chunk carried two tokens (a held-back multibyte character): chunks would undercount.
+    payloads = [
+        '{"choices":[{"index":0,"delta":{"content":"a"}}]}',
+        '{"choices":[{"index":0,"delta":{"content":"\u00e9"}}]}',
+        '{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}',
+        "[DONE]",
+    ]
+    rules = StreamRules(require_usage=False)
+    assert _feed(Api.CHAT, payloads, rules).result(1, max_tokens=3).output_len == 3
+    assert _feed(Api.CHAT, payloads, rules).result(1).output_len == 2
+    stopped = [*payloads[:2], payloads[2].replace("length", "stop"), payloads[3]]
+    assert _feed(Api.CHAT, stopped, rules).result(1, max_tokens=3).output_len == 2
