@@ -1,4 +1,5 @@
-"""`kvserve bench engine`: engine throughput beside llama.cpp on the same GGUF."""
+"""`kvserve bench engine`: engine throughput beside llama.cpp on the same GGUF; the HTTP benchmarks
+(`serve`, `multiturn`, `context`, `compare`) are registered from `bench_serving.py`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from kvserve.cli import bench_serving
 from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
 
 
@@ -25,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", type=Path, default=None, help="also write the results here")
     add_engine_args(e)
     e.set_defaults(func=run_engine, max_num_batched_tokens=2048)
+    bench_serving.register(bench_sub)  # serve | multiturn | context | compare (HTTP benchmarks)
 
 
 def run_engine(args: argparse.Namespace) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.outputs import EngineOutput
@@ -31,7 +32,7 @@ class ByteTokenizer:
     # llguidance's TokenizerWrapper protocol, so grammars compile against this vocabulary too.
     bos_token_id = SPECIAL_TOKENS["<|endoftext|>"]
     eos_token_id = EOS_ID
-    special_token_ids = list(SPECIAL_TOKENS.values())
+    special_token_ids: ClassVar[list[int]] = list(SPECIAL_TOKENS.values())
     tokens = [bytes([i]) for i in range(256)] + [name.encode() for name in SPECIAL_TOKENS]
 
     def __len__(self) -> int:

@@ -1,0 +1,91 @@
+"""`kvserve bench serve`: open-loop load against one endpoint, vLLM `benchmark_serving` style.
+
+Requests leave on a Gamma-distributed schedule (Poisson when burstiness = 1, all at once when the rate
+is infinite), at most `max_concurrency` in flight; every stream is timed per chunk by `client.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from kvserve.bench.client import (
+    STRICT,
+    Api,
+    HttpRequest,
+    StreamRules,
+    new_http_client,
+    request_body,
+    stream_request,
+)
+from kvserve.bench.datasets import BenchRequest
+from kvserve.bench.metrics import RequestResult
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    request_rate: float = math.inf  # requests per second; inf = all at t=0
+    burstiness: float = 1.0  # Gamma shape; 1 = Poisson arrivals
+    max_concurrency: int | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ServeTarget:
+    base_url: str
+    api: Api = Api.COMPLETIONS
+    model: str | None = None
+    rules: StreamRules = STRICT
+    logit_bias: dict[str, float] | None = None  # suppress EOS so every request produces its output_len
+
+
+def arrival_offsets(num_requests: int, shape: LoadShape) -> list[float]:
+    """Send times in seconds from the benchmark start (pure; gaps ~ Gamma(k, 1/(rate·k)))."""
+    if math.isinf(shape.request_rate):
+        return [0.0] * num_requests
+    if shape.request_rate <= 0 or shape.burstiness <= 0:
+        raise ValueError("request rate and burstiness must be positive")
+    rng = random.Random(shape.seed)
+    theta = 1.0 / (shape.request_rate * shape.burstiness)
+    offsets, t = [], 0.0
+    for _ in range(num_requests):
+        offsets.append(t)
+        t += rng.gammavariate(shape.burstiness, theta)
+    return offsets
+
+
+async def run_serve_bench(
+    target: ServeTarget, requests: list[BenchRequest], shape: LoadShape, progress: bool = True
+) -> tuple[list[RequestResult], float]:
+    """Runs the load; returns per-request results (in dataset order) and the wall time in seconds."""
+    offsets = arrival_offsets(len(requests), shape)
+    limit = asyncio.Semaphore(shape.max_concurrency or len(requests) or 1)
+    bar = tqdm(total=len(requests), desc=f"bench serve {target.base_url}", disable=not progress, unit="req")
+    async with new_http_client() as http:
+        start = time.perf_counter()
+
+        async def one(request: BenchRequest, offset: float) -> RequestResult:
+            await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+            body = request_body(
+                target.api,
+                request.prompt,
+                request.output_len,
+                model=target.model,
+                logit_bias=target.logit_bias,
+            )
+            async with limit:
+                result = await stream_request(
+                    http, target.base_url, HttpRequest(target.api, body, request.prompt_len), target.rules
+                )
+            bar.update(1)
+            return result
+
+        results = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets, strict=True)))
+        duration = time.perf_counter() - start
+    bar.close()
+    return list(results), duration
