@@ -14,7 +14,8 @@ for stage in "$@"; do
   case $stage in
     tests)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/models/test_triton_attention.py \
-        tests/models/test_fused_ops.py tests/engine/test_cuda.py "tests/models/test_torch_ref.py::test_matches_dense_cuda" 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+        tests/models/test_fused_ops.py tests/engine/test_cuda.py "tests/models/test_torch_ref.py::test_matches_dense_cuda" \
+        tests/models/test_parity_tiny.py::test_cuda_matches_cpu tests/e2e/test_cuda_parity_real.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     bench1b)
       timeout 400 python3 -m kvserve bench engine --device cuda --shape llama-3.2-1b --repeats 2 \
         --json "$OUT/bench_llama-3.2-1b.json" 2>&1 | tee "$OUT/bench_1b.log" | grep -v '^{' ;;

@@ -108,19 +108,20 @@ class DecodeGraphs:
         packed[_SEQ_LENS, start:end] = 1
 
     def _capture_all(self, budget: int) -> None:
-        free_before, _ = torch.cuda.mem_get_info()
+        # The graphs' private pool is part of the caching allocator's reserved memory.
+        reserved_before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
         # Largest first: the smaller graphs reuse its activations in the shared pool.
         for size in reversed(self.sizes):
             self._pad_rows(0, size)
             self._packed.copy_(self._packed_cpu)
             self._graphs[size] = self._capture(size, pool)
-            used = free_before - torch.cuda.mem_get_info()[0]
+            used = torch.cuda.memory_reserved() - reserved_before
             if used > budget:
                 logger.warning("CUDA graphs stopped at batch %d: %.0f MiB used", size, used / 2**20)
                 break
         captured = sorted(self._graphs)
-        used_mib = (free_before - torch.cuda.mem_get_info()[0]) / 2**20
+        used_mib = (torch.cuda.memory_reserved() - reserved_before) / 2**20
         logger.info("CUDA graphs captured for decode batches %s (%.0f MiB)", captured, used_mib)
 
     def _capture(self, size: int, pool) -> _Graph:
