@@ -83,6 +83,17 @@ def test_graph_decode_equals_eager(tiny_llama_dir: Path, dtype: str) -> None:
     assert got == want
 
 
+def test_seeded_sampling_graph_equals_eager(tiny_llama_dir: Path) -> None:
+    params = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=11, max_tokens=24, ignore_eos=True)
+    runs = []
+    for eager in (False, True):
+        engine = _engine(tiny_llama_dir, "float32", eager=eager)
+        requests = [engine.make_request(f"s{i}", p, params) for i, p in enumerate(PROMPTS[:4])]
+        outputs = engine.generate(requests)
+        runs.append([[t for o in outputs[r.request_id] for t in o.new_token_ids] for r in requests])
+    assert runs[0] == runs[1]
+
+
 def test_triton_equals_reference_fp32_chunked_and_prefix_cached(tiny_llama_dir: Path) -> None:
     prompts = PROMPTS + [PROMPTS[6][:200] + _prompt(60, 99)]  # shares 192 tokens (12 blocks) of 300
     results = []

@@ -86,7 +86,7 @@ def test_mixed_batch_matches_separate_runs(pair: Pair) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["torch_ref", "triton"])
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gemma3_hd256"])
 def test_cuda_matches_cpu(family: str, backend: str, tmp_path: Path) -> None:
     hf = save_tiny_hf_model(family, tmp_path)
     prompt = _tokens(PROMPT_LEN, seed=8)

@@ -146,14 +146,18 @@ def _prefill_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-def _configs() -> list[triton.Config]:
-    shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
+def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in shapes]
 
 
 # On CUDA the tile shape is tuned once per head size/group (at the start-up profiling forward);
-# the interpreter gets one fixed config.
-_tuned_prefill_kernel = triton.autotune(_configs(), key=["HEAD_DIM", "GROUP", "PAGE"])(_prefill_kernel)
+# the interpreter gets one fixed config. Heads over 128 (Gemma 3: 256) get small tiles only: a
+# 128-row fp32 accumulator of 256 columns spills, and ptxas takes minutes over such configs.
+_SMALL_HEAD_SHAPES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
+_LARGE_HEAD_SHAPES = [(64, 32, 8, 2), (32, 32, 4, 2)]
+_KEY = ["HEAD_DIM", "GROUP", "PAGE"]
+_tuned_small_head = triton.autotune(_configs(_SMALL_HEAD_SHAPES), key=_KEY)(_prefill_kernel)
+_tuned_large_head = triton.autotune(_configs(_LARGE_HEAD_SHAPES), key=_KEY)(_prefill_kernel)
 _LOG2E = 1.4426950408889634
 
 
@@ -178,7 +182,9 @@ def prefill_attention(
     def grid(meta: dict) -> tuple[int, int, int]:
         return (triton.cdiv(max_num_queries, meta["BLOCK_M"]), num_prefills, num_heads)
 
-    kernel = _prefill_kernel if INTERPRETING else _tuned_prefill_kernel
+    kernel = _tuned_small_head if head_dim <= 128 else _tuned_large_head
+    if INTERPRETING:
+        kernel = _prefill_kernel
     fixed = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4} if INTERPRETING else {}
     kernel[grid](
         q,
