@@ -13,14 +13,17 @@ logger = logging.getLogger(__name__)
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 WeightQuantName = Literal["none", "int8", "int4"]
+AttentionBackendName = Literal["auto", "torch_ref", "triton"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    # RAM/VRAM for the paged KV pool; 0 = auto (enough for max_num_seqs full contexts, capped).
+    # RAM/VRAM for the paged KV pool; 0 = auto (CPU: enough for max_num_seqs full contexts, capped;
+    # CUDA: what gpu_memory_utilization leaves after weights, activations and CUDA graphs).
     kv_cache_memory_mb: int = 0
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory this engine may use
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class EngineConfig:
     max_model_len: int = 0  # --ctx; 0 = the model's context length (capped by --kv-cache-memory-mb)
     # CPU decode is memory-bound: low-bit weight copies for small batches (see models/layers/quant.py).
     weight_quant: WeightQuantName = "none"
+    attention_backend: AttentionBackendName = "auto"  # auto = triton on CUDA, torch_ref on CPU
+    enforce_eager: bool = False  # CUDA: no decode CUDA graphs
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0
@@ -71,6 +76,8 @@ def resolve(config: EngineConfig) -> EngineConfig:
         logger.info("dtype auto -> %s (device %s)", dtype, device)
     if config.weight_quant != "none" and (device != "cpu" or dtype != "bfloat16"):
         raise ValueError("--weight-quant needs --device cpu and --dtype bfloat16")
+    if not 0.0 < config.cache.gpu_memory_utilization <= 1.0:
+        raise ValueError("--gpu-memory-utilization must be in (0, 1]")
     if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:
         # Otherwise the last running sequences would get no decode slot in a step.
         raise ValueError("--max-num-batched-tokens must be >= --max-num-seqs")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from kvserve.bench.shapes import SHAPES
 from kvserve.cli import bench_serving
 from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
 
@@ -17,10 +18,25 @@ from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks")
     bench_sub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    e = bench_sub.add_parser("engine", help="offline prefill/decode throughput vs llama.cpp")
-    e.add_argument("--prefill-lens", default="512,2048", help="comma-separated prompt lengths")
-    e.add_argument("--concurrency", default="1,4,16", help="comma-separated stream counts for decode")
+    e = bench_sub.add_parser(
+        "engine", help="offline prefill/decode throughput vs llama.cpp (CPU) or transformers (--shape)"
+    )
+    e.add_argument(
+        "--prefill-lens", default=None, help="comma-separated prompt lengths (512,2048; --shape: 512,8192)"
+    )
+    e.add_argument(
+        "--concurrency",
+        default=None,
+        help="comma-separated stream counts for decode (1,4,16; --shape: 1,16,64,256)",
+    )
     e.add_argument("--decode-tokens", type=int, default=128)
+    e.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="random-weight model of this shape (no download); the peer is HF transformers eager",
+    )
+    e.add_argument("--peer-decode-tokens", type=int, default=32, help="--shape: new tokens per HF run")
     e.add_argument("--repeats", type=int, default=3, help="best of N runs for every figure")
     e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     e.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads for both engines")
@@ -37,8 +53,13 @@ def run_engine(args: argparse.Namespace) -> None:
     from kvserve.bench.engine_bench import bench_kvserve, bench_llama_cpp
 
     torch.set_num_threads(args.threads)
-    prefill_lens = [int(x) for x in args.prefill_lens.split(",")]
-    concurrency = [int(x) for x in args.concurrency.split(",")]
+    if args.shape is not None:
+        from kvserve.cli.bench_shape import run_engine_shape
+
+        run_engine_shape(args)
+        return
+    prefill_lens = [int(x) for x in (args.prefill_lens or "512,2048").split(",")]
+    concurrency = [int(x) for x in (args.concurrency or "1,4,16").split(",")]
     engine = build_engine(engine_config_from_args(args))
     ours = bench_kvserve(engine, prefill_lens, concurrency, args.decode_tokens, args.repeats)
     peer = None

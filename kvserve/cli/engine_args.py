@@ -48,6 +48,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-cache-memory-mb", type=int, default=d.cache.kv_cache_memory_mb, help="KV pool size (0 = auto)"
     )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.cache.gpu_memory_utilization,
+        help="CUDA: share of GPU memory for weights, activations, CUDA graphs and the KV pool",
+    )
+    g.add_argument(
+        "--attention-backend",
+        default=d.attention_backend,
+        choices=["auto", "torch_ref", "triton"],
+        help="paged attention kernels; auto = triton on CUDA, torch_ref on CPU",
+    )
+    g.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
     g.add_argument("--seed", type=int, default=d.seed, help="global RNG seed for unseeded requests")
 
 
@@ -58,7 +71,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         max_model_len=args.ctx,
         weight_quant=args.weight_quant,
-        cache=CacheConfig(block_size=args.block_size, kv_cache_memory_mb=args.kv_cache_memory_mb),
+        attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
+        cache=CacheConfig(
+            block_size=args.block_size,
+            kv_cache_memory_mb=args.kv_cache_memory_mb,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        ),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         ),

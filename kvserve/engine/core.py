@@ -52,7 +52,16 @@ class EngineCore:
             kv_manager=self.kv_manager,
             max_model_len=self.max_model_len,
         )
-        self.runner = ModelRunner(loaded, self.num_blocks, block_size, self.device)
+        self.runner = ModelRunner(
+            loaded,
+            self.num_blocks,
+            block_size,
+            self.device,
+            attention_backend=config.attention_backend,
+            enforce_eager=config.enforce_eager,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            max_model_len=self.max_model_len,
+        )
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
             self.max_model_len,
@@ -154,12 +163,29 @@ def _resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> int:
     return config.max_model_len
 
 
+def _cuda_kv_budget(config: EngineConfig, loaded: LoadedModel) -> int:
+    from kvserve.engine.runner.device_setup import cuda_kv_budget_bytes, select_attention_backend
+
+    # Profile with the kernels the runner will use: their temporaries count.
+    select_attention_backend(loaded.model, torch.device(config.device), config.attention_backend)
+    return cuda_kv_budget_bytes(
+        loaded.model,
+        utilization=config.cache.gpu_memory_utilization,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        block_size=config.cache.block_size,
+        use_graphs=not config.enforce_eager,
+    )
+
+
 def _resolve_num_blocks(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
     block_size = config.cache.block_size
     per_block = kv_bytes_per_block(loaded, block_size)
     blocks_per_seq = -(-max_model_len // block_size)
     if config.cache.kv_cache_memory_mb > 0:
         num_blocks = config.cache.kv_cache_memory_mb * 2**20 // per_block
+    elif config.device.startswith("cuda"):
+        num_blocks = _cuda_kv_budget(config, loaded) // per_block
     else:
         wanted = blocks_per_seq * config.scheduler.max_num_seqs
         num_blocks = min(wanted, _AUTO_KV_CAP_MB * 2**20 // per_block)

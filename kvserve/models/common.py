@@ -110,8 +110,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attn_out = self.self_attn(self.input_layernorm(x), cos, sin)
+        normed, h = self.post_attention_layernorm.forward_with_residual(attn_out, x)  # h = x + attn
+        return h + self.mlp(normed)
 
 
 class DecoderStack(nn.Module):
@@ -137,6 +138,7 @@ class CausalLMBase(nn.Module):
         super().__init__()
         self.arch = arch
         layers = [self.build_layer(arch, i, backend) for i in range(arch.num_hidden_layers)]
+        self.attention_backend_name = backend.name
         self.model = DecoderStack(self.build_embedding(arch), layers, self.build_norm(arch, arch.hidden_size))
         self.lm_head: nn.Linear | None = None
         self.head_quant: nn.Module | None = None  # set by layers.quant.apply_weight_quant
@@ -184,6 +186,12 @@ class CausalLMBase(nn.Module):
 
     def kv_cache_spec(self) -> tuple[int, int, int]:
         return self.arch.num_hidden_layers, self.arch.num_key_value_heads, self.arch.head_dim
+
+    def set_attention_backend(self, backend: AttentionBackend) -> None:
+        """Swap the paged-attention kernels of every layer (the runner picks them per device)."""
+        for layer in self.model.layers:
+            layer.self_attn.backend = backend
+        self.attention_backend_name = backend.name
 
     def bind_kv_caches(self, caches: list[torch.Tensor]) -> None:
         num_layers, num_kv_heads, head_dim = self.kv_cache_spec()

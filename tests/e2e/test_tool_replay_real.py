@@ -97,7 +97,12 @@ def test_responses_replay_of_reordered_arguments_is_cached(url: str) -> None:
     oai = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
     first = oai.responses.create(
-        model="smollm2", input=QUESTION, tools=tools, tool_choice="required", max_output_tokens=60, store=False
+        model="smollm2",
+        input=QUESTION,
+        tools=tools,
+        tool_choice="required",
+        max_output_tokens=60,
+        store=False,
     )
     call = next(item for item in first.output if item.type == "function_call")
     second = oai.responses.create(

@@ -40,10 +40,10 @@ def tiny_hf_config(family: str):  # -> transformers.PretrainedConfig
         return transformers.Qwen2Config(**TINY, rope_theta=1_000_000.0)
     if family == "qwen3":
         return transformers.Qwen3Config(**TINY, head_dim=32)
-    if family == "gemma3":
+    if family in ("gemma3", "gemma3_hd256"):  # hd256: Gemma 3 270M's head size, for the GPU kernels
         return transformers.Gemma3TextConfig(
             **{**TINY, "num_hidden_layers": 4},
-            head_dim=32,
+            head_dim=256 if family == "gemma3_hd256" else 32,
             sliding_window=8,
             query_pre_attn_scalar=24,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
@@ -65,7 +65,7 @@ def make_tiny_hf_model(family: str, seed: int = 0) -> nn.Module:
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
-                param.copy_(torch.randn_like(param) * 0.3 + (0.0 if family == "gemma3" else 1.0))
+                param.copy_(torch.randn_like(param) * 0.3 + (0.0 if family.startswith("gemma3") else 1.0))
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model

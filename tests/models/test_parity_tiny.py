@@ -85,12 +85,17 @@ def test_mixed_batch_matches_separate_runs(pair: Pair) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
-def test_cuda_matches_cpu(family: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["torch_ref", "triton"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gemma3_hd256"])
+def test_cuda_matches_cpu(family: str, backend: str, tmp_path: Path) -> None:
     hf = save_tiny_hf_model(family, tmp_path)
     prompt = _tokens(PROMPT_LEN, seed=8)
     expected = _hf_logits(hf, prompt)
     ours = load_hf_model(tmp_path, torch.float32, device="cuda").model
+    if backend == "triton":  # sliding windows (gemma3) and q/k norms (qwen3) through the kernels
+        from kvserve.models.layers.attention.triton_backend import TritonBackend
+
+        ours.set_attention_backend(TritonBackend())
     driver = PagedDriver(ours)
     logits = torch.cat([driver.step([(0, prompt[:25])]), *(driver.step([(0, [t])]) for t in prompt[25:])])
     torch.testing.assert_close(logits, expected, atol=1e-3, rtol=0)  # cuBLAS may use TF32

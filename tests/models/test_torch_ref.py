@@ -7,10 +7,11 @@ import random
 import pytest
 import torch
 
+from kvserve.models.layers.attention.backend import AttentionBackend
 from kvserve.models.layers.attention.metadata import AttentionMetadata
 from kvserve.models.layers.attention.torch_ref import TorchRefBackend
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 16, 4, 64
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 16, 4, 256
 
 
 def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_len: int, window: int | None):
@@ -26,14 +27,21 @@ def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_
 
 
 def _run(
-    batch: list[tuple[int, int]], window: int | None, dtype: torch.dtype, device: str = "cpu"
+    batch: list[tuple[int, int]],
+    window: int | None,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    backend: AttentionBackend | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """batch: (context_len, num_new) per sequence; the leading one-token entries form the decode group."""
+    """batch: (context_len, num_new) per sequence; the leading one-token entries form the decode group.
+    Earlier steps' KV is written by the reference backend; `backend` writes this step's and attends."""
     gen = torch.Generator().manual_seed(0)
-    cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=dtype)
+    # Random, not zero: a read of a slot that should be masked or was never written must show.
+    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
     free = list(range(NUM_BLOCKS))
     random.Random(0).shuffle(free)
-    backend = TorchRefBackend()
+    ref = TorchRefBackend()
+    backend = backend or ref
     tables, slots, qs, ks, vs, expected, starts = [], [], [], [], [], [], [0]
     for context_len, num_new in batch:
         seq_len = context_len + num_new
@@ -45,7 +53,7 @@ def _run(
         v = torch.randn(seq_len, NUM_KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
         q = torch.randn(num_new, NUM_HEADS, HEAD_DIM, generator=gen).to(dtype)
         # Earlier steps' KV, written on CPU.
-        backend.write_kv(cache, k[:context_len], v[:context_len], seq_slots[:context_len])
+        ref.write_kv(cache, k[:context_len], v[:context_len], seq_slots[:context_len])
         tables.append(blocks)
         slots.append(seq_slots[context_len:])
         qs.append(q), ks.append(k[context_len:]), vs.append(v[context_len:])

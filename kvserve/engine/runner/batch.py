@@ -32,7 +32,7 @@ def build_model_inputs(
     num_decodes = 0
     for s in scheduled:
         start, n = s.start, s.num_new_tokens
-        token_ids.extend(s.request.all_token_ids[start : start + n])
+        token_ids.extend(_token_slice(s, start, n))
         context_lens.append(start)
         seq_lens.append(start + n)
         query_start_loc.append(query_start_loc[-1] + n)
@@ -58,17 +58,34 @@ def build_model_inputs(
     attn = AttentionMetadata(
         block_size=block_size,
         num_decodes=num_decodes,
-        slot_mapping=slot_mapping.to(device, non_blocking=True),
-        block_tables=block_tables.to(device, non_blocking=True),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int64).to(device, non_blocking=True),
+        slot_mapping=_to(slot_mapping, device),
+        block_tables=_to(block_tables, device),
+        seq_lens=_to(torch.tensor(seq_lens, dtype=torch.int64), device),
         query_start_loc_cpu=query_start_loc,
         seq_lens_cpu=seq_lens,
         context_lens_cpu=context_lens,
     )
     return ModelInputs(
-        input_ids=torch.tensor(token_ids, dtype=torch.int64).to(device, non_blocking=True),
-        positions=positions.to(device, non_blocking=True),
+        input_ids=_to(torch.tensor(token_ids, dtype=torch.int64), device),
+        positions=_to(positions, device),
         attn=attn,
-        logits_indices=torch.tensor(logits_rows, dtype=torch.int64).to(device, non_blocking=True),
+        logits_indices=_to(torch.tensor(logits_rows, dtype=torch.int64), device),
         sampling=sampling,
     )
+
+
+def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device; through pinned memory on CUDA so the copy is async (no sync in the step)."""
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def _token_slice(scheduled: ScheduledRequest, start: int, n: int) -> list[int]:
+    """Tokens [start, start + n) without copying prompt + output (all_token_ids does)."""
+    prompt, output = scheduled.request.prompt_token_ids, scheduled.request.output_token_ids
+    if start >= len(prompt):
+        return output[start - len(prompt) : start - len(prompt) + n]
+    if start + n <= len(prompt):
+        return prompt[start : start + n]
+    return prompt[start:] + output[: start + n - len(prompt)]

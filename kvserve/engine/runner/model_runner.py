@@ -8,8 +8,10 @@ import math
 import numpy as np
 import torch
 
-from kvserve.engine.outputs import RunnerOutput, SchedulerOutput
+from kvserve.config import AttentionBackendName
+from kvserve.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from kvserve.engine.runner.batch import build_model_inputs
+from kvserve.engine.runner.device_setup import GRAPH_MEMORY_BYTES, select_attention_backend
 from kvserve.engine.runner.token_masks import build_token_masks
 from kvserve.engine.sampler import Sampler, SamplingBatch, make_generator
 from kvserve.models.layers.attention.metadata import forward_context
@@ -35,11 +37,23 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, device: torch.device):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        *,
+        attention_backend: AttentionBackendName = "auto",
+        enforce_eager: bool = False,
+        max_num_seqs: int = 1,
+        max_model_len: int = 0,
+    ):
         self.model = loaded.model
         self.device = device
         self.block_size = block_size
         self.vocab_size = loaded.arch.vocab_size
+        self.attention_backend = select_attention_backend(self.model, device, attention_backend)
         num_layers, num_kv_heads, head_dim = self.model.kv_cache_spec()
         # [2, num_blocks, block_size, num_kv_heads, head_dim] per layer: K then V.
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
@@ -47,18 +61,33 @@ class ModelRunner:
         self.model.bind_kv_caches(self.kv_caches)
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator | None] = {}
+        self.graphs = None
+        if device.type == "cuda" and not enforce_eager and self.attention_backend == "triton":
+            from kvserve.engine.runner.cuda_graphs import DecodeGraphs
+
+            backend = self.model.model.layers[0].self_attn.backend
+            self.graphs = DecodeGraphs(
+                self.model,
+                backend,
+                max_batch_size=max_num_seqs,
+                max_blocks_per_seq=-(-max(max_model_len, block_size) // block_size),
+                block_size=block_size,
+                device=device,
+                memory_budget_bytes=GRAPH_MEMORY_BYTES,
+            )
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
-        inputs = build_model_inputs(scheduler_output.scheduled, self.block_size, self.device)
-        with forward_context(inputs.attn):
-            hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
-        if not inputs.sampling:
+        scheduled = scheduler_output.scheduled
+        if self.graphs is not None and self.graphs.can_run(scheduled):
+            logits, sampling = self._forward_graph(scheduled)
+        else:
+            logits, sampling = self._forward_eager(scheduled)
+        if logits is None:
             return RunnerOutput()
-        requests = [s.request for s in inputs.sampling]
-        # Host-side grammar masks, computed while an accelerator still runs the forward.
+        requests = [s.request for s in sampling]
+        # Host-side grammar masks, built while an accelerator still runs the (asynchronous) forward.
         masks = build_token_masks(requests, self.vocab_size, pin_memory=self.device.type == "cuda")
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [num_sampling, vocab]
         batch = SamplingBatch.build(
             params=[r.sampling_params for r in requests],
             prompt_token_ids=[r.prompt_token_ids for r in requests],
@@ -77,6 +106,28 @@ class ModelRunner:
             if logprob is not None:
                 output.logprobs[request.request_id] = logprob
         return output
+
+    def _forward_eager(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
+        inputs = build_model_inputs(scheduled, self.block_size, self.device)
+        with forward_context(inputs.attn):
+            hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
+        if not inputs.sampling:
+            return None, []
+        return self.model.compute_logits(hidden[inputs.logits_indices]), inputs.sampling  # [n, vocab]
+
+    def _forward_graph(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
+        assert self.graphs is not None
+        logits = self.graphs.run(scheduled)  # [num_seqs, vocab], one row per (one-token) sequence
+        rows = [i for i, s in enumerate(scheduled) if s.samples]
+        if not rows:
+            return None, []
+        if len(rows) < len(scheduled):
+            logits = logits[torch.tensor(rows, device=self.device)]
+        return logits, [scheduled[i] for i in rows]
 
     def release(self, request_ids: list[str]) -> None:
         """Forget per-request sampling state (seeded generators) of finished requests."""

@@ -23,6 +23,11 @@ def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     act = _ACTIVATIONS[name]
 
     def gated(x: torch.Tensor) -> torch.Tensor:
+        if act is F.silu and x.is_cuda and x.dim() == 2:
+            from kvserve.models.layers import fused_ops
+
+            if fused_ops.ENABLED:
+                return fused_ops.silu_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return act(gate) * up
 

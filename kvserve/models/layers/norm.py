@@ -21,6 +21,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim) if offset == 0.0 else torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and self.offset == 0.0 and x.dim() == 2:
+            from kvserve.models.layers import fused_ops
+
+            if fused_ops.ENABLED:
+                return fused_ops.rms_norm(x, self.weight, self.eps)[0]
         if self.offset != 0.0:
             scale = self.weight.float() + self.offset
             return F.rms_norm(x.float(), (x.shape[-1],), scale, self.eps).type_as(x)
@@ -28,6 +33,20 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # HF (Llama/Qwen): normalize in fp32, cast to the input dtype, then scale in that dtype.
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
+
+    def forward_with_residual(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), one kernel on CUDA."""
+        if x.is_cuda and self.offset == 0.0 and x.dim() == 2:
+            from kvserve.models.layers import fused_ops
+
+            if fused_ops.ENABLED:
+                normed, total = fused_ops.rms_norm(x, self.weight, self.eps, residual)
+                assert total is not None
+                return normed, total
+        total = x + residual
+        return self.forward(total), total
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, offset={self.offset}"

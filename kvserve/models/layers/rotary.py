@@ -72,6 +72,11 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [num_tokens, num_heads, head_dim] (may be a strided view) -> rotated copy, same shape."""
+    if x.is_cuda:
+        from kvserve.models.layers import fused_ops
+
+        if fused_ops.ENABLED and cos.is_contiguous() and sin.is_contiguous():
+            return fused_ops.rotary(x, cos, sin)
     half = x.shape[-1] // 2
     rotated = torch.cat((x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

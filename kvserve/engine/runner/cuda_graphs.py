@@ -1,0 +1,151 @@
+"""CUDA graphs for decode steps, one per padded batch size, captured at start-up.
+
+A decode step at batch size B replays the graph of the smallest captured size >= B: the
+step's ids, positions, slots, lengths and block tables are copied from pinned host buffers
+into the static device buffers the graph reads (two async copies), then one replay runs the
+whole forward plus the logits. Padded rows get slot -1 (the Triton `write_kv` skips it) and
+length 1, so they write nothing and read one harmless key. The graph's grid never depends on
+sequence lengths (see triton_decode.py), so one capture serves every context length.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kvserve.engine.outputs import ScheduledRequest
+from kvserve.models.layers.attention.metadata import AttentionMetadata, forward_context
+from kvserve.models.layers.attention.triton_backend import TritonBackend
+from kvserve.models.layers.attention.triton_decode import choose_num_splits
+
+logger = logging.getLogger(__name__)
+
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_IDS, _POSITIONS, _SLOTS, _SEQ_LENS = range(4)  # rows of the packed per-token buffer
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # [batch_size, vocab] float32, the graph's output buffer
+
+
+def token_at(scheduled: ScheduledRequest, position: int) -> int:
+    """The token at `position` without building prompt + output (all_token_ids copies both)."""
+    prompt = scheduled.request.prompt_token_ids
+    if position < len(prompt):
+        return prompt[position]
+    return scheduled.request.output_token_ids[position - len(prompt)]
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        backend: TritonBackend,
+        *,
+        max_batch_size: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+        device: torch.device,
+        memory_budget_bytes: int,
+    ) -> None:
+        self.model, self.backend, self.block_size = model, backend, block_size
+        self.sizes = tuple(b for b in GRAPH_BATCH_SIZES if b <= max_batch_size)
+        max_bs = self.sizes[-1]
+        # One packed int64 buffer for ids/positions/slots/lengths: one host->device copy per step.
+        self._packed_cpu = torch.zeros(4, max_bs, dtype=torch.int64, pin_memory=True)
+        self._packed_np = self._packed_cpu.numpy()
+        self._packed = torch.zeros(4, max_bs, dtype=torch.int64, device=device)
+        self._tables_cpu = torch.zeros(max_bs, max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
+        self._tables_np = self._tables_cpu.numpy()
+        self._tables = torch.zeros(max_bs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self._tables_staging = torch.zeros(max_bs * max_blocks_per_seq, dtype=torch.int32, device=device)
+        self._graphs: dict[int, _Graph] = {}
+        self.num_replays = 0  # for tests and logs
+        self._capture_all(memory_budget_bytes)
+
+    @property
+    def max_batch_size(self) -> int:
+        return max(self._graphs, default=0)
+
+    def can_run(self, scheduled: list[ScheduledRequest]) -> bool:
+        return len(scheduled) <= self.max_batch_size and all(s.num_new_tokens == 1 for s in scheduled)
+
+    def run(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
+        """Logits [len(scheduled), vocab] (a view of the graph's output, valid until the next run)."""
+        num_seqs = len(scheduled)
+        size = next(b for b in self.sizes if b >= num_seqs and b in self._graphs)
+        packed, block_size = self._packed_np, self.block_size
+        width = max(s.start for s in scheduled) // block_size + 1  # block-table columns in use
+        # Compact [num_seqs, width] staging, so the host->device copy is one contiguous run.
+        tables = self._tables_np.reshape(-1)[: num_seqs * width].reshape(num_seqs, width)
+        for row, s in enumerate(scheduled):
+            position = s.start
+            packed[_IDS, row] = token_at(s, position)
+            packed[_POSITIONS, row] = position
+            packed[_SLOTS, row] = s.block_ids[position // block_size] * block_size + position % block_size
+            packed[_SEQ_LENS, row] = position + 1
+            num_blocks = position // block_size + 1
+            tables[row, :num_blocks] = s.block_ids[:num_blocks]
+        self._pad_rows(num_seqs, size)
+        self._packed.copy_(self._packed_cpu, non_blocking=True)
+        staged = self._tables_staging[: num_seqs * width]
+        staged.copy_(self._tables_cpu.view(-1)[: num_seqs * width], non_blocking=True)
+        self._tables[:num_seqs, :width].copy_(staged.view(num_seqs, width))
+        graph = self._graphs[size]
+        graph.graph.replay()
+        self.num_replays += 1
+        return graph.logits[:num_seqs]
+
+    def _pad_rows(self, start: int, end: int) -> None:
+        packed = self._packed_np
+        packed[_IDS, start:end] = 0
+        packed[_POSITIONS, start:end] = 0
+        packed[_SLOTS, start:end] = -1
+        packed[_SEQ_LENS, start:end] = 1
+
+    def _capture_all(self, budget: int) -> None:
+        # The graphs' private pool is part of the caching allocator's reserved memory.
+        reserved_before = torch.cuda.memory_reserved()
+        pool = torch.cuda.graph_pool_handle()
+        # Largest first: the smaller graphs reuse its activations in the shared pool.
+        for size in reversed(self.sizes):
+            self._pad_rows(0, size)
+            self._packed.copy_(self._packed_cpu)
+            self._graphs[size] = self._capture(size, pool)
+            used = torch.cuda.memory_reserved() - reserved_before
+            if used > budget:
+                logger.warning("CUDA graphs stopped at batch %d: %.0f MiB used", size, used / 2**20)
+                break
+        captured = sorted(self._graphs)
+        used_mib = (torch.cuda.memory_reserved() - reserved_before) / 2**20
+        logger.info("CUDA graphs captured for decode batches %s (%.0f MiB)", captured, used_mib)
+
+    def _capture(self, size: int, pool) -> _Graph:
+        metadata = AttentionMetadata(
+            block_size=self.block_size,
+            num_decodes=size,
+            slot_mapping=self._packed[_SLOTS, :size],
+            block_tables=self._tables[:size],
+            seq_lens=self._packed[_SEQ_LENS, :size],
+            query_start_loc_cpu=list(range(size + 1)),
+            seq_lens_cpu=[1] * size,  # unused: the split count below is fixed per graph
+            context_lens_cpu=[0] * size,
+        )
+        num_kv_heads = self.model.kv_cache_spec()[1]
+        self.backend.graph_num_splits = choose_num_splits(size, num_kv_heads, None, self.backend.num_sms)
+        ids, positions = self._packed[_IDS, :size], self._packed[_POSITIONS, :size]
+        try:
+            with forward_context(metadata):
+                for _ in range(2):  # compile the kernels and settle the allocator outside the capture
+                    self.model.compute_logits(self.model(ids, positions))
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    logits = self.model.compute_logits(self.model(ids, positions))
+        finally:
+            self.backend.graph_num_splits = None
+        return _Graph(graph, logits)

@@ -1,0 +1,158 @@
+"""Triton kernels for the small ops of a decoder layer on CUDA: RMSNorm (with the residual add
+fused in), rotary embedding, and SiLU-and-multiply.
+
+Why: a CUDA-graph decode step of a 1B model is bounded by kernel count, not bytes; in plain torch
+each of these ops is 3-5 kernels (casts, cat, mul, add), per layer. Each kernel here is one
+launch and rounds exactly where the torch code does (HF's order), so results match the torch
+path bit for bit in bf16 up to the fp32 reduction order of the norm.
+`KVSERVE_FUSED_OPS=0` turns them off (for A/B measurements).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+ENABLED = os.environ.get("KVSERVE_FUSED_OPS", "1") != "0"
+
+
+def use_fused(x: torch.Tensor) -> bool:
+    return ENABLED and x.is_cuda
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    sum_ptr,
+    stride_x,
+    stride_r,
+    eps,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    IS_FP32: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like torch's add
+        tl.store(sum_ptr + row * N + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if IS_FP32:
+        out = xf * rstd * w
+    else:  # HF: normalize in fp32, cast, then scale in the input dtype
+        out = (xf * rstd).to(x.dtype).to(tl.float32) * w
+    tl.store(out_ptr + row * N + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x: [T, N] (row stride free, unit column stride) -> (norm(x + residual), x + residual or None)."""
+    num_rows, n = x.shape
+    assert x.stride(-1) == 1 and (residual is None or residual.stride(-1) == 1)
+    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
+    total = torch.empty_like(out) if residual is not None else out
+    block = triton.next_power_of_2(n)
+    _rms_norm_kernel[(num_rows,)](
+        x,
+        residual if residual is not None else x,
+        weight,
+        out,
+        total,
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        eps,
+        N=n,
+        BLOCK=block,
+        HAS_RESIDUAL=residual is not None,
+        IS_FP32=x.dtype == torch.float32,
+        num_warps=min(16, max(1, block // 256)),
+    )
+    return out, (total if residual is not None else None)
+
+
+@triton.jit
+def _rotary_kernel(
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    stride_xt,
+    stride_xh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HEAD_DIM)
+    half = HEAD_DIM // 2
+    rot_d = tl.where(d < half, d + half, d - half)
+    mask = heads[:, None] < NUM_HEADS
+    base = x_ptr + token * stride_xt + heads[:, None] * stride_xh
+    x = tl.load(base + d[None, :], mask=mask, other=0.0)
+    rotated = tl.load(base + rot_d[None, :], mask=mask, other=0.0)
+    cos = tl.load(cos_ptr + token * HEAD_DIM + d)[None, :].to(tl.float32)
+    sin = tl.load(sin_ptr + token * HEAD_DIM + d)[None, :].to(tl.float32)
+    # Same roundings as `x * cos + rotated * sin` in the input dtype.
+    a = (x.to(tl.float32) * cos).to(x.dtype).to(tl.float32)
+    b = (rotated.to(tl.float32) * sin).to(x.dtype).to(tl.float32)
+    out = (a + b).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (token * NUM_HEADS + heads[:, None]) * HEAD_DIM + d[None, :], out, mask=mask)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D] (a strided view; unit stride on D) -> rotated contiguous copy. cos/sin:
+    [T, 1, D] contiguous (sin's first half already negated, see rotary.py)."""
+    num_tokens, num_heads, head_dim = x.shape
+    assert x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    assert head_dim == triton.next_power_of_2(head_dim)
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    _rotary_kernel[(num_tokens,)](
+        x,
+        cos,
+        sin,
+        out,
+        x.stride(0),
+        x.stride(1),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_heads),
+        num_warps=4,
+    )
+    return out
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, stride_x, D: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < D
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + D + cols, mask=mask, other=0.0)
+    act = (gate / (1.0 + tl.exp(-gate))).to(up.dtype)  # silu, rounded like F.silu's output
+    out = act.to(tl.float32) * up.to(tl.float32)
+    tl.store(out_ptr + row * D + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """[T, 2 * D] (gate then up) -> silu(gate) * up, [T, D]."""
+    num_rows, width = x.shape
+    d = width // 2
+    assert x.stride(-1) == 1
+    out = torch.empty(num_rows, d, dtype=x.dtype, device=x.device)
+    block = 1024
+    _silu_mul_kernel[(num_rows, triton.cdiv(d, block))](x, out, x.stride(0), D=d, BLOCK=block, num_warps=4)
+    return out

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device-machine session: environment, GPU tests, engine benchmarks. Stages as arguments:
+#   tests | bench1b | bench8b. Logs and JSON go to $OUT (or ./gpu-out).
+set -uo pipefail
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+if ! python3 -c "import gguf" 2>/dev/null && ls whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+for stage in "$@"; do
+  case $stage in
+    tests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/models/test_triton_attention.py \
+        tests/models/test_fused_ops.py tests/engine/test_cuda.py "tests/models/test_torch_ref.py::test_matches_dense_cuda" \
+        tests/models/test_parity_tiny.py::test_cuda_matches_cpu tests/e2e/test_cuda_parity_real.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    bench1b)
+      timeout 400 python3 -m kvserve bench engine --device cuda --shape llama-3.2-1b --repeats 2 \
+        --json "$OUT/bench_llama-3.2-1b.json" 2>&1 | tee "$OUT/bench_1b.log" | grep -v '^{' ;;
+    profile)
+      timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log" | grep -v "^ *$" ;;
+    bench8b)
+      timeout 400 python3 -m kvserve bench engine --device cuda --shape llama-3.1-8b --repeats 2 \
+        --json "$OUT/bench_llama-3.1-8b.json" 2>&1 | tee "$OUT/bench_8b.log" | grep -v '^{' ;;
+  esac
+done
