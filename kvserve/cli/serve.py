@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+from kvserve.cli.engine_args import (
+    add_engine_args,
+    add_kv_store_args,
+    build_engine,
+    engine_config_from_args,
+)
 from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
 
 if TYPE_CHECKING:
@@ -63,6 +68,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="tool-call syntax of the model's output (default: detected from the chat template)",
     )
     add_engine_args(p)
+    add_kv_store_args(p)
 
 
 def run(args: argparse.Namespace) -> None:
