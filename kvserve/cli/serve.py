@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,12 +88,21 @@ def run(args: argparse.Namespace) -> None:
         args.port,
         service.max_model_len,
     )
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it found:
+    # make that one a clean exit, so the `finally` (the disk tier's shutdown save) runs.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _exit_cleanly)
     try:
         uvicorn.run(
             app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
         )  # kvserve.access logs each request, with its id
     finally:
+        logger.info("kvserve: shutting down")
         engine.shutdown()
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
@@ -101,6 +113,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     from kvserve.serving.chat_service import ChatService
     from kvserve.serving.response_store import ResponseStore
     from kvserve.serving.segmenter import OutputSyntax
+    from kvserve.serving.turn_markers import turn_markers
 
     if args.chdir:
         try:
@@ -115,6 +128,9 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     service = ChatService(
         engine, core.loaded.tokenizer, core.max_model_len, model_name, segmenter_factory=syntax.segmenter
     )
+    if core.disk_tier is not None:
+        tokenize = functools.partial(service.tokenize, add_special_tokens=False)
+        core.disk_tier.turn_markers = turn_markers(service.renderer, tokenize)
     settings = ApiSettings(
         served_model_name=model_name,
         api_key=args.api_key,
@@ -142,11 +158,13 @@ def _data_dir(flag: str | None) -> Path:
 
 def _engine_stats(core: EngineCore) -> EngineStats:
     """Read from the HTTP thread while the engine thread runs: plain int/float reads, fine for metrics."""
-    from kvserve.serving.engine_stats import EngineStats
+    from kvserve.serving.engine_stats import DiskCacheStats, EngineStats
 
+    disk = core.disk_tier.stats() if core.disk_tier is not None else None
     return EngineStats(
         core.scheduler.num_running,
         core.scheduler.num_waiting,
         core.kv_manager.usage,
         core.kv_manager.stats.hit_rate,
+        disk=None if disk is None else DiskCacheStats(*dataclasses.astuple(disk)),
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvserve.config import KVStoreConfig
 from kvserve.engine.disk_saves import RecentSequences, build_save_job, new_meta, resolve_block_ids
-from kvserve.engine.kv_cache.block_hash import BlockHash
+from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
 from kvserve.engine.kv_cache.block_pool import Block
 from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
 from kvserve.engine.outputs import EngineOutput, SchedulerOutput
@@ -175,12 +175,12 @@ class DiskTier:
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             request_id = request.request_id
-            if request.is_finished:
-                continue
             if request_id not in self._prefilled and request.num_computed_tokens >= request.num_prompt_tokens:
                 self._prefilled.add(request_id)
                 if request.num_cached_tokens == 0:
                     self._save_cold(request)
+            if request.is_finished:
+                continue
             frontier = continued_frontier(
                 request.num_computed_tokens, self._last_frontier.get(request_id, 0), self.policy
             )
@@ -207,7 +207,12 @@ class DiskTier:
         self, request: Request, num_tokens: int, reason: SaveReason, block: bool = False
     ) -> None:
         num_tokens -= num_tokens % self.block_size
-        hashes = self.kv.block_hashes(request, num_tokens)
+        if request.is_finished:  # freed already (its full blocks stay cached): hash afresh
+            hashes = compute_block_hashes(
+                request.all_token_ids[:num_tokens], self.block_size, self.kv.extra_key
+            )
+        else:
+            hashes = self.kv.block_hashes(request, num_tokens)
         self._save(CachedSequence(request.all_token_ids[:num_tokens], hashes), reason, block)
 
     def _save(self, sequence: CachedSequence, reason: SaveReason, block: bool = False) -> bool:

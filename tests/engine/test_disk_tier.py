@@ -3,13 +3,19 @@ gives the same greedy tokens as a cold run, each save trigger, disabled and unus
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from kvserve.config import KVStoreConfig
+from kvserve.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
-from tests.engine.conftest import VOCAB, make_engine
+from kvserve.kvstore.chunk_format import chunk_file_size
+from tests.engine.conftest import VOCAB, load_tiny, make_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -118,3 +124,89 @@ def test_disabled_and_unusable_directories_serve_without_the_tier(
     tokens, _ = _run(engine, _prompt(600, 11))
     assert tokens == _run(off, _prompt(600, 11))[0]
     engine.shutdown()
+
+
+def test_three_conversations_store_their_shared_prefix_once(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    loaded = dataclasses.replace(load_tiny(tiny_llama_dir), max_model_len=4096)
+    config = EngineConfig(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        device="cpu",
+        max_model_len=4096,
+        scheduler=SchedulerConfig(max_num_batched_tokens=512),
+        kv_store=_store_config(tmp_path),
+    )
+    engine = EngineCore(config, loaded)
+    assert engine.disk_tier is not None
+    user, assistant = [VOCAB - 2], [VOCAB - 1]  # turn-start markers (never in the random text)
+    engine.disk_tier.turn_markers = (user, assistant)
+    system = [t % (VOCAB - 2) for t in _prompt(3000, 20)]
+    for i in range(3):
+        question = [t % (VOCAB - 2) for t in _prompt(400, 30 + i)]
+        _run(engine, system + user + question + assistant, f"c{i}")
+    engine.shutdown()
+
+    store = engine.disk_tier.store
+    chunk_dir = tmp_path / "chunks"
+    reopened = make_engine(tiny_llama_dir, kv_store=_store_config(tmp_path))
+    checkpoints = reopened.disk_tier.store.checkpoints()  # type: ignore[union-attr]
+    # The first conversation's `cold` checkpoint is the system prefix (cut at the user turn,
+    # block aligned); the others found it in RAM. Shutdown stored each whole conversation.
+    assert sorted(c.meta.reason for c in checkpoints) == ["cold", "shutdown", "shutdown", "shutdown"]
+    assert [c.meta.num_tokens for c in checkpoints if c.meta.reason == "cold"] == [2992]
+    shared = {s.key for c in checkpoints for s in c.chunks if s.end <= 2816}  # 11 whole chunks of 256
+    assert len(shared) == 11 and all(len([s for s in c.chunks if s.key in shared]) == 11 for c in checkpoints)
+    on_disk = sorted(chunk_dir.glob("*.kvc"))
+    distinct = {s.key for c in checkpoints for s in c.chunks}
+    assert len(on_disk) == len(distinct)  # one file per distinct chunk
+    disk_bytes = sum(p.stat().st_size for p in on_disk)
+    chunk_size = chunk_file_size(store.identity, 256)
+    # Stored once: the sum over checkpoints would count the 11 shared chunks 4 times.
+    assert sum(c.num_bytes - c.manifest_bytes for c in checkpoints) - disk_bytes == 3 * 11 * chunk_size
+
+
+def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_entry(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """SIGKILL a writing process at random points until 50 saves have been started; the store
+    then verifies clean, and an engine over it serves from disk with the cold run's tokens."""
+    cache = tmp_path / "kv"
+    rng = random.Random(0)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    num_started = kills = 0
+    while num_started < 50:  # a few lives, each killed after ~10 saves (startup is the slow part)
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.engine.disk_crash_worker",
+                str(tiny_llama_dir),
+                str(cache),
+                str(kills),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert worker.stdout is not None
+        for _ in range(rng.randint(8, 16)):  # let it write some, then kill it mid-way through one
+            assert worker.stdout.readline(), "the worker died on its own"
+            num_started += 1
+        time.sleep(rng.uniform(0.0, 0.05))
+        worker.kill()
+        worker.wait()
+        kills += 1
+    assert kills >= 3
+
+    config = _store_config(cache)
+    engine = make_engine(tiny_llama_dir, kv_store=config)  # opening repairs: temp files, orphans
+    store = engine.disk_tier.store  # type: ignore[union-attr]
+    assert store.verify() == 0  # every checkpoint left reads back with valid hashes
+    checkpoints = store.checkpoints()
+    assert checkpoints and not list(cache.rglob("*.tmp.*"))
+    stored = store.token_ids(checkpoints[0])
+    assert stored is not None
+    prompt = stored + _prompt(30, 99)
+    tokens, request = _run(engine, prompt)
+    assert request.num_cached_tokens == len(stored)
+    assert tokens == _run(make_engine(tiny_llama_dir), prompt)[0]
