@@ -29,11 +29,43 @@ pytestmark = pytest.mark.model
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM = "You are a helpful assistant. Answer briefly."
-WORDS = (
-    "river stone garden window market lantern engine harbor forest signal paper orbit copper "
-    "winter meadow bridge candle rocket thunder velvet pencil castle marble planet silver "
-    "ladder island ribbon compass violin desert canyon glacier falcon mirror"
-).split()
+WORDS = [
+    "river",
+    "stone",
+    "garden",
+    "window",
+    "market",
+    "lantern",
+    "engine",
+    "harbor",
+    "forest",
+    "signal",
+    "paper",
+    "orbit",
+    "copper",
+    "winter",
+    "meadow",
+    "bridge",
+    "candle",
+    "rocket",
+    "thunder",
+    "velvet",
+    "pencil",
+    "castle",
+    "marble",
+    "planet",
+    "silver",
+    "ladder",
+    "island",
+    "ribbon",
+    "compass",
+    "violin",
+    "desert",
+    "canyon",
+    "glacier",
+    "falcon",
+    "mirror",
+]
 
 
 def _filler(rng: random.Random, num_words: int) -> str:
@@ -97,7 +129,11 @@ def ask(api: str, url: str, messages: list[dict[str, str]], max_tokens: int) -> 
             model="smollm2", messages=messages, temperature=0, max_tokens=max_tokens
         )
         usage = reply.usage
-        return reply.choices[0].message.content, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+        return (
+            reply.choices[0].message.content,
+            usage.prompt_tokens,
+            usage.prompt_tokens_details.cached_tokens,
+        )
     if api == "responses":
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=600)
         response = client.responses.create(
@@ -137,7 +173,11 @@ def test_restart_serves_the_next_turn_from_disk(tmp_path: Path) -> None:
     timings["first turn (cold) + shutdown"] = time.monotonic() - started
     assert 5800 <= prompt_tokens <= 7500 and cached == 0
     assert list((tmp_path / "kv" / "checkpoints").glob("*.kvm")), log.read_text()[-3000:]
-    next_turn = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "And in note 5?"}]
+    next_turn = [
+        *messages,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And in note 5?"},
+    ]
 
     results = {}
     for api in ("chat", "responses", "anthropic"):
