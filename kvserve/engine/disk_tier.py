@@ -168,6 +168,18 @@ class DiskTier:
                 run.num_tokens,
             )
 
+    def text_prefix(self, text: str) -> tuple[list[int], int] | None:
+        """The exact tokens of the stored checkpoint whose rendered text is the longest prefix of
+        `text`, with that prefix's length in UTF-8 bytes. Thread-safe (the store locks): the
+        server calls it while rendering, off the engine thread."""
+        if self._closed:
+            return None
+        checkpoint = self.store.lookup_by_text_prefix(text)
+        token_ids = None if checkpoint is None else self.store.token_ids(checkpoint)
+        if checkpoint is None or token_ids is None:
+            return None
+        return token_ids, checkpoint.meta.text.num_bytes
+
     # -- save triggers ----------------------------------------------------------------
 
     def after_update(self, scheduler_output: SchedulerOutput, outputs: Sequence[EngineOutput]) -> None:

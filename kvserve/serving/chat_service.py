@@ -46,6 +46,11 @@ def plain_text_segmenter(request: ChatRequest) -> TextSegmenter:
     return PlainTextSegmenter()
 
 
+# The disk tier's text lookup: the exact tokens of the stored checkpoint whose rendered text is the
+# longest prefix of a prompt, and that prefix's length in UTF-8 bytes (engine.disk_tier.text_prefix).
+PromptPrefixLookup = Callable[[str], "tuple[list[int], int] | None"]
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     """A validated request, ready to queue."""
@@ -71,6 +76,7 @@ class ChatService:
         keepalive_s: float = 5.0,
         supports_images: bool = False,
         segmenter_factory: SegmenterFactory = plain_text_segmenter,
+        prompt_prefix: PromptPrefixLookup | None = None,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -79,6 +85,7 @@ class ChatService:
         self.keepalive_s = keepalive_s
         self.supports_images = supports_images
         self.segmenter_factory = segmenter_factory
+        self.prompt_prefix = prompt_prefix
         hf = tokenizer.tokenizer
         special = {
             name: getattr(hf, name)
@@ -101,8 +108,20 @@ class ChatService:
     def prepare_chat(
         self, request: ChatRequest, param: str = "messages", request_id: str | None = None
     ) -> PreparedRequest:
-        token_ids = self.tokenize(self.render(request), add_special_tokens=False)
+        token_ids = self.prompt_tokens(self.render(request))
         return self._prepare(token_ids, request.options, param, request_id, chat=request)
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """Tokens of a rendered prompt. When a stored checkpoint's text prefixes it, that
+        checkpoint's exact tokens (as sampled: BPE boundaries differ from a re-tokenization)
+        + the tokens of the rest, so the engine finds its KV."""
+        found = self.prompt_prefix(text) if self.prompt_prefix is not None else None
+        if found is None:
+            return self.tokenize(text, add_special_tokens=False)
+        stored, num_bytes = found
+        rest = text.encode()[num_bytes:].decode()
+        logger.debug("prompt: %d tokens of a stored checkpoint + %d chars", len(stored), len(rest))
+        return stored + self.tokenize(rest, add_special_tokens=False)
 
     def prepare_text(
         self, request: TextRequest, param: str = "prompt", request_id: str | None = None

@@ -110,6 +110,15 @@ def test_shutdown_saves_the_live_sequences(tiny_llama_dir: Path, tmp_path: Path)
     reopened = make_engine(tiny_llama_dir, kv_store=_store_config(tmp_path))
     reasons = _reasons(reopened)
     assert "shutdown" in reasons and "cold" in reasons
+    # The text lookup: the longest checkpoint whose rendered text prefixes a prompt.
+    disk = reopened.disk_tier
+    assert disk is not None
+    longest = max(disk.store.checkpoints(), key=lambda c: c.meta.num_tokens)
+    stored = disk.store.token_ids(longest)
+    assert stored is not None and len(stored) == longest.meta.num_tokens
+    text = reopened._text_of(stored)
+    assert disk.text_prefix(text + "<1><2>") == (stored, len(text.encode()))
+    assert disk.text_prefix("<1><2>") is None
 
 
 def test_disabled_and_unusable_directories_serve_without_the_tier(

@@ -49,7 +49,10 @@ def test_kv_cache_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     ("template", "expected"),
     [
         (CHATML_TEMPLATE, ("<|im_start|>user", "<|im_start|>assistant")),
-        (LLAMA3, ("<|start_header_id|>user<|end_header_id|>", "<|start_header_id|>assistant<|end_header_id|>")),
+        (
+            LLAMA3,
+            ("<|start_header_id|>user<|end_header_id|>", "<|start_header_id|>assistant<|end_header_id|>"),
+        ),
         (NO_GENERATION_PROMPT, None),
     ],
 )
