@@ -87,3 +87,18 @@ def test_blocks_loaded_from_disk_are_found_as_prefix_hits_and_evictions_are_repo
     manager.allocate_slots(other, 32)
     assert evicted == [hashes[3], hashes[2], hashes[1], hashes[0]]
     assert manager.load_cached_blocks(hashes[:1]) is None  # no free block left
+
+
+def test_metrics_expose_the_disk_tier() -> None:
+    from prometheus_client import generate_latest
+
+    from kvserve.api.metrics import Metrics
+    from kvserve.serving.engine_stats import DiskCacheStats, EngineStats
+
+    disk = DiskCacheStats(2, 5952, 3, 4096, 5, 8192, 1)
+    text = generate_latest(Metrics(lambda: EngineStats(1, 0, 0.5, 0.1, disk=disk)).registry).decode()
+    for line in ("kvserve_kv_disk_hits 2.0", "kvserve_kv_disk_hit_tokens 5952.0", "kvserve_kv_disk_entries 5.0"):
+        assert line in text
+    assert "kvserve_kv_disk_bytes 8192.0" in text and "kvserve_kv_disk_evictions 1.0" in text
+    off = generate_latest(Metrics(lambda: EngineStats(1, 0, 0.5, 0.1)).registry).decode()
+    assert "kvserve_kv_disk_hits 0.0" in off
