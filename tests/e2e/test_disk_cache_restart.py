@@ -148,7 +148,7 @@ def ask(api: str, url: str, messages: list[dict[str, str]], max_tokens: int) -> 
         return response.output_text, usage.input_tokens, usage.input_tokens_details.cached_tokens
     claude = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0, timeout=600)
     message = claude.messages.create(
-        model="smollm2", system=system, messages=turns, temperature=0, max_tokens=max_tokens
+        model="smollm2", system=system, messages=turns, max_tokens=max_tokens, extra_body={"temperature": 0}
     )
     text = "".join(block.text for block in message.content if block.type == "text")
     usage = message.usage

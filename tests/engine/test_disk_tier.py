@@ -183,7 +183,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_entry(
     rng = random.Random(0)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     num_started = kills = 0
-    while num_started < 50:  # a few lives, each killed after ~10 saves (startup is the slow part)
+    while num_started < 50:  # a few lives, each killed after ~17 saves (startup is the slow part)
         worker = subprocess.Popen(
             [
                 sys.executable,
@@ -198,7 +198,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_entry(
             text=True,
         )
         assert worker.stdout is not None
-        for _ in range(rng.randint(8, 16)):  # let it write some, then kill it mid-way through one
+        for _ in range(rng.randint(14, 20)):  # let it write some, then kill it mid-way through one
             assert worker.stdout.readline(), "the worker died on its own"
             num_started += 1
         time.sleep(rng.uniform(0.0, 0.05))
