@@ -126,7 +126,12 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     syntax = OutputSyntax.detect(core.loaded.tokenizer.chat_template, args.tool_parser)
     logger.info("model output: %s", syntax.describe())
     service = ChatService(
-        engine, core.loaded.tokenizer, core.max_model_len, model_name, segmenter_factory=syntax.segmenter
+        engine,
+        core.loaded.tokenizer,
+        core.max_model_len,
+        model_name,
+        segmenter_factory=syntax.segmenter,
+        prompt_prefix=core.disk_tier.text_prefix if core.disk_tier is not None else None,
     )
     if core.disk_tier is not None:
         tokenize = functools.partial(service.tokenize, add_special_tokens=False)

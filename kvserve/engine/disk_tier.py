@@ -161,10 +161,12 @@ class DiskTier:
             logger.info("request %s: %d prompt tokens: %d from live RAM cache", request.request_id, n, n_ram)
         else:
             logger.info("request %s: %d prompt tokens: cold (no cached prefix)", request.request_id, n)
-        if run is not None and not n_disk and run.num_tokens > 0:
+        max_hit = (n - 1) // self.block_size * self.block_size
+        if run is not None and n_ram + n_disk < max_hit:
             logger.info(
-                "request %s: nearest disk checkpoint diverges from the prompt at token %d",
+                "request %s: the prompt leaves the stored checkpoints (%s) after token %d",
                 request.request_id,
+                ", ".join(c[:12] for c in run.checkpoint_ids) or "?",
                 run.num_tokens,
             )
 
