@@ -27,6 +27,19 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class KVStoreConfig:
+    """The disk KV tier (kvserve/kvstore): checkpoints that outlive the RAM cache and restarts."""
+
+    directory: str  # created 0700; one server per directory
+    budget_mb: int = 4096
+    chunk_tokens: int = 256  # tokens per content-addressed chunk file (a multiple of block_size)
+    min_tokens: int = 512  # shorter prefixes are cheaper to prefill than to load
+    continued_interval_tokens: int = 10000  # rounded up to align_tokens: frontiers every 10,240 tokens
+    align_tokens: int = 2048  # cold checkpoints without a chat boundary are cut to a multiple of this
+    max_pending_saves: int = 4  # checkpoints copied out and waiting for the writer thread
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
@@ -45,6 +58,8 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0
+    # None: RAM prefix cache only (library and test default); `kvserve serve` turns it on.
+    kv_store: KVStoreConfig | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -22,7 +22,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from kvserve.serving.engine_stats import EngineStatsSource
+from kvserve.serving.engine_stats import EngineStats, EngineStatsSource
 from kvserve.serving.events import GenerationEvent, ReasoningDelta, TextDelta, ToolCallArgsDelta, Usage
 
 _CONTENT = (TextDelta, ReasoningDelta, ToolCallArgsDelta)
@@ -88,6 +88,18 @@ class Metrics:
         for name, (help_text, read) in gauges.items():
             gauge = Gauge(name, help_text, registry=self.registry)
             gauge.set_function(lambda read=read: float(read(source())))
+        disk = {
+            "kvserve_kv_disk_hits": ("Requests that loaded a prefix from the disk KV cache", "num_hits"),
+            "kvserve_kv_disk_hit_tokens": ("Prompt tokens loaded from the disk KV cache", "num_hit_tokens"),
+            "kvserve_kv_disk_saves": ("Checkpoints written to the disk KV cache", "num_saves"),
+            "kvserve_kv_disk_saved_bytes": ("Bytes written to the disk KV cache", "num_saved_bytes"),
+            "kvserve_kv_disk_entries": ("Checkpoints in the disk KV cache", "num_checkpoints"),
+            "kvserve_kv_disk_bytes": ("Bytes used by the disk KV cache", "num_bytes"),
+            "kvserve_kv_disk_evictions": ("Checkpoints evicted from the disk KV cache", "num_evictions"),
+        }
+        for name, (help_text, field) in disk.items():
+            gauge = Gauge(name, help_text, registry=self.registry)
+            gauge.set_function(lambda field=field: float(_disk_stat(source(), field)))
 
     def count_request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in _KNOWN_PATHS else "other", str(status)).inc()
@@ -113,6 +125,10 @@ class Metrics:
                 self.prompt_tokens.inc(usage.prompt_tokens)
                 self.cached_prompt_tokens.inc(usage.cached_tokens)
                 self.generation_tokens.inc(usage.completion_tokens)
+
+
+def _disk_stat(stats: EngineStats, field: str) -> int:
+    return 0 if stats.disk is None else getattr(stats.disk, field)
 
 
 @router.get("/metrics")

@@ -6,8 +6,15 @@ import argparse
 import logging
 import sys
 
-from kvserve.config import CacheConfig, EngineConfig, SchedulerConfig, resolve
+from kvserve.config import (
+    CacheConfig,
+    EngineConfig,
+    KVStoreConfig,
+    SchedulerConfig,
+    resolve,
+)
 from kvserve.engine.core import EngineCore
+from kvserve.kvstore.cache_dir import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +71,32 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=d.seed, help="global RNG seed for unseeded requests")
 
 
+def add_kv_store_args(parser: argparse.ArgumentParser) -> None:
+    """The disk KV tier's flags, for the commands that serve (a one-shot `generate` has no use for it)."""
+    g = parser.add_argument_group("disk KV cache")
+    g.add_argument(
+        "--kv-cache-dir",
+        default=None,
+        help=f"where KV checkpoints live (default {default_cache_dir()}; created 0700)",
+    )
+    g.add_argument(
+        "--kv-cache-budget-mb",
+        type=int,
+        default=4096,
+        help="disk budget of the KV checkpoints; the lowest-scoring ones are evicted",
+    )
+    g.add_argument("--no-kv-cache", action="store_true", help="no disk KV tier (RAM prefix cache only)")
+
+
+def kv_store_config_from_args(args: argparse.Namespace) -> KVStoreConfig | None:
+    if getattr(args, "no_kv_cache", True):  # also: a command without the flags
+        return None
+    if args.kv_cache_budget_mb < 1:
+        sys.exit("kvserve: --kv-cache-budget-mb must be >= 1")
+    directory = args.kv_cache_dir or str(default_cache_dir())
+    return KVStoreConfig(directory=directory, budget_mb=args.kv_cache_budget_mb)
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
@@ -82,6 +115,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         ),
         seed=args.seed,
+        kv_store=kv_store_config_from_args(args),
     )
 
 

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+from kvserve.cli.engine_args import (
+    add_engine_args,
+    add_kv_store_args,
+    build_engine,
+    engine_config_from_args,
+)
 from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
 
 if TYPE_CHECKING:
@@ -69,6 +77,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "the model sampled (turn N+1 then misses the KV cache from the first such call on)",
     )
     add_engine_args(p)
+    add_kv_store_args(p)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -85,12 +94,21 @@ def run(args: argparse.Namespace) -> None:
         args.port,
         service.max_model_len,
     )
+    # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it found:
+    # make that one a clean exit, so the `finally` (the disk tier's shutdown save) runs.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _exit_cleanly)
     try:
         uvicorn.run(
             app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
         )  # kvserve.access logs each request, with its id
     finally:
+        logger.info("kvserve: shutting down")
         engine.shutdown()
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
@@ -103,6 +121,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     from kvserve.serving.response_store import ResponseStore
     from kvserve.serving.segmenter import OutputSyntax
     from kvserve.serving.tool_memory import ToolReplayMemory
+    from kvserve.serving.turn_markers import turn_markers
 
     if args.chdir:
         try:
@@ -127,7 +146,11 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
         tool_syntax=syntax.tool_parser,
         vocab_size=core.loaded.arch.vocab_size,
         reasoning_syntax=syntax.reasoning,
+        prompt_prefix=core.disk_tier.text_prefix if core.disk_tier is not None else None,
     )
+    if core.disk_tier is not None:
+        tokenize = functools.partial(service.tokenize, add_special_tokens=False)
+        core.disk_tier.turn_markers = turn_markers(service.renderer, tokenize)
     settings = ApiSettings(
         served_model_name=model_name,
         api_key=args.api_key,
@@ -155,11 +178,13 @@ def _data_dir(flag: str | None) -> Path:
 
 def _engine_stats(core: EngineCore) -> EngineStats:
     """Read from the HTTP thread while the engine thread runs: plain int/float reads, fine for metrics."""
-    from kvserve.serving.engine_stats import EngineStats
+    from kvserve.serving.engine_stats import DiskCacheStats, EngineStats
 
+    disk = core.disk_tier.stats() if core.disk_tier is not None else None
     return EngineStats(
         core.scheduler.num_running,
         core.scheduler.num_waiting,
         core.kv_manager.usage,
         core.kv_manager.stats.hit_rate,
+        disk=None if disk is None else DiskCacheStats(*dataclasses.astuple(disk)),
     )

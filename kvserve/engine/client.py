@@ -88,9 +88,12 @@ class AsyncEngineClient:
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, timeout: float = 120.0) -> None:
+        """Stop the engine thread; it saves to the disk tier first (EngineCore.shutdown)."""
         self._inbox.put(_Shutdown())
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning("engine thread still busy after %.0f s; exiting without waiting", timeout)
 
     @property
     def is_running(self) -> bool:
@@ -103,6 +106,7 @@ class AsyncEngineClient:
             while self._handle_inbox(block=not self.core.has_unfinished_requests()):
                 if self.core.has_unfinished_requests():
                     self._dispatch(self.core.step())
+            self.core.shutdown()  # on the engine thread: it owns the KV pool being saved
         except BaseException as error:
             logger.exception("engine thread failed")
             self._dead = error

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 
 from kvserve.config import EngineConfig, resolve
 from kvserve.engine.constraint import TokenConstraint
+from kvserve.engine.disk_tier import DiskTier
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
 from kvserve.engine.request import Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
+from kvserve.kvstore import StoreIdentity
 from kvserve.models.layers.quant import MAX_QUANT_ROWS, apply_weight_quant
 from kvserve.models.loaded import LoadedModel
 
@@ -62,6 +65,7 @@ class EngineCore:
             max_num_seqs=config.scheduler.max_num_seqs,
             max_model_len=self.max_model_len,
         )
+        self.disk_tier = self._open_disk_tier()
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
             self.max_model_len,
@@ -71,6 +75,33 @@ class EngineCore:
             config.dtype,
             config.device,
         )
+
+    def _open_disk_tier(self) -> DiskTier | None:
+        config = self.config.kv_store
+        if config is None:
+            return None
+        num_layers, num_kv_heads, head_dim = self.loaded.model.kv_cache_spec()
+        # The chunk keys are this engine's block chain hashes, whose extra key is cache_key.
+        identity = StoreIdentity(
+            self.cache_key,
+            self.config.dtype,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            self.config.cache.block_size,
+        )
+        try:
+            return DiskTier(config, identity, self.kv_manager, self.runner, self._text_of)
+        except (OSError, ValueError, AssertionError) as error:  # unusable dir: serve without the tier
+            logger.warning("disk KV cache disabled: cannot use %s: %s", config.directory, error)
+            return None
+
+    def _text_of(self, token_ids: Sequence[int]) -> str:
+        """The rendered text of stored tokens (a checkpoint's text key)."""
+        tokenizer = self.loaded.tokenizer.tokenizer
+        if tokenizer is None:  # token-id-only engines (tests)
+            return "".join(f"<{t}>" for t in token_ids)
+        return tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
     def make_request(
         self,
@@ -111,13 +142,26 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[EngineOutput]:
+        disk = self.disk_tier
+        if disk is not None:
+            free_slots = self.scheduler.max_num_seqs - self.scheduler.num_running
+            disk.load_prefixes(self.scheduler.waiting, free_slots)
         scheduler_output = self.scheduler.schedule()
+        if disk is not None:
+            disk.save_evicted()  # before the forward overwrites blocks handed out by schedule()
         runner_output = (
             self.runner.execute(scheduler_output) if scheduler_output.scheduled else RunnerOutput()
         )
         outputs = self.scheduler.update(scheduler_output, runner_output)
+        if disk is not None:
+            disk.after_update(scheduler_output, outputs)
         self.runner.release([o.request_id for o in outputs if o.finished])
         return outputs + _prefill_progress(scheduler_output, outputs)
+
+    def shutdown(self) -> None:
+        """Clean exit: save what is worth keeping to the disk tier and wait for the writes."""
+        if self.disk_tier is not None:
+            self.disk_tier.shutdown(self.scheduler.running)
 
     def generate(self, requests: list[Request]) -> dict[str, list[EngineOutput]]:
         """Run `requests` to completion (offline use: CLI, benchmarks, tests)."""

@@ -50,13 +50,14 @@ class CheckpointWriter:
         self._thread = threading.Thread(target=self._run, name="kvstore-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, job: SaveJob) -> bool:
-        """Queue a save without blocking; False if it was dropped (queue full or closed)."""
+    def submit(self, job: SaveJob, *, block: bool = False) -> bool:
+        """Queue a save without blocking (`block`: wait for room, as at shutdown); False if it was
+        dropped (queue full or closed)."""
         if self._closed:
             self.stats.num_dropped += 1
             return False
         try:
-            self._queue.put_nowait(job)
+            self._queue.put(job, block=block)
         except queue.Full:
             self.stats.num_dropped += 1
             logger.warning(

@@ -61,6 +61,11 @@ def plain_text_segmenter(request: ChatRequest, prompt_text: str) -> TextSegmente
     return PlainTextSegmenter()
 
 
+# The disk tier's text lookup: the exact tokens of the stored checkpoint whose rendered text is the
+# longest prefix of a prompt, and that prefix's length in UTF-8 bytes (engine.disk_tier.text_prefix).
+PromptPrefixLookup = Callable[[str], "tuple[list[int], int] | None"]
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     """A validated request, ready to queue."""
@@ -93,6 +98,7 @@ class ChatService:
         tool_syntax: str = DEFAULT_SYNTAX,
         vocab_size: int | None = None,
         reasoning_syntax: ReasoningSyntax | None = None,
+        prompt_prefix: PromptPrefixLookup | None = None,
     ):
         """`tool_memory` None turns exact tool replay off (--disable-exact-tool-replay); `live_sequences`
         None turns live tool continuation off. `tool_syntax` and `reasoning_syntax` are what the
@@ -107,6 +113,7 @@ class ChatService:
         self.segmenter_factory = segmenter_factory
         self.tool_memory = tool_memory
         self.live_sequences = live_sequences
+        self.prompt_prefix = prompt_prefix
         hf = tokenizer.tokenizer
         special = {
             name: getattr(hf, name)
@@ -142,7 +149,7 @@ class ChatService:
         if prompt is None:
             text = self.render(request)
             prompt = reuse_live_prefix(text, request.messages, self.live_sequences, self._tokenize_rest)
-            prompt = prompt or PromptTokens(self.tokenize(text, add_special_tokens=False), text)
+            prompt = prompt or PromptTokens(self.prompt_tokens(text), text)
         prepared = self._prepare(
             prompt.token_ids, request.options, param, request_id, chat=request, prompt_text=prompt.text
         )
@@ -159,6 +166,18 @@ class ChatService:
         if prompt is not None:
             logger.debug("tool results continue a live sequence of %d tokens", len(sequence.token_ids))
         return prompt
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """Tokens of a rendered prompt. When a stored checkpoint's text prefixes it, that
+        checkpoint's exact tokens (as sampled: BPE boundaries differ from a re-tokenization)
+        + the tokens of the rest, so the engine finds its KV."""
+        found = self.prompt_prefix(text) if self.prompt_prefix is not None else None
+        if found is None:
+            return self.tokenize(text, add_special_tokens=False)
+        stored, num_bytes = found
+        rest = text.encode()[num_bytes:].decode()
+        logger.debug("prompt: %d tokens of a stored checkpoint + %d chars", len(stored), len(rest))
+        return stored + self.tokenize(rest, add_special_tokens=False)
 
     def prepare_text(
         self, request: TextRequest, param: str = "prompt", request_id: str | None = None

@@ -8,11 +8,25 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class DiskCacheStats:
+    """The disk KV tier since start (counts) and now (sizes); mirrors engine.disk_tier.DiskTierStats."""
+
+    num_hits: int  # requests that loaded a prefix from disk
+    num_hit_tokens: int
+    num_saves: int  # checkpoints written
+    num_saved_bytes: int
+    num_checkpoints: int
+    num_bytes: int
+    num_evictions: int
+
+
+@dataclass(frozen=True)
 class EngineStats:
     num_running: int  # sequences being decoded or prefilled
     num_waiting: int  # queued, not yet admitted
     kv_usage: float  # fraction of KV blocks held by requests
     prefix_cache_hit_rate: float  # hit tokens / query tokens since start
+    disk: DiskCacheStats | None = None  # None without the disk tier
 
 
 EngineStatsSource = Callable[[], EngineStats]

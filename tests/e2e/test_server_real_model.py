@@ -242,7 +242,7 @@ async def test_serve_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     args = _build_parser().parse_args(
         ["serve", "--chdir", str(gguf.parent), "--model", gguf.name, "--served-model-name", "tiny-smol",
          "--max-body-mb", "1", "--api-key", "sekret", "--data-dir", str(tmp_path / "data"),
-         "--ctx", "512", "--dtype", "float32", "--device", "cpu"]
+         "--ctx", "512", "--dtype", "float32", "--device", "cpu", "--kv-cache-dir", str(tmp_path / "kv")]
     )  # fmt: skip
     app, engine = build_app(args)
     try:

@@ -54,6 +54,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("data")
     args = _build_parser().parse_args(
         ["serve", "--model", "smollm2", "--dtype", "float32", "--ctx", "2048", "--data-dir", str(data)]
+        + ["--kv-cache-dir", str(data / "kv")]
     )
     app, engine = build_app(args)
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvserve.config import CacheConfig, EngineConfig, SchedulerConfig
+from kvserve.config import CacheConfig, EngineConfig, KVStoreConfig, SchedulerConfig
 from kvserve.engine.core import EngineCore
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.safetensors import load_hf_model
@@ -47,6 +47,7 @@ def make_engine(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 256,
     kv_cache_memory_mb: int = 0,
+    kv_store: KVStoreConfig | None = None,
 ) -> EngineCore:
     config = EngineConfig(
         model=str(path),
@@ -54,6 +55,7 @@ def make_engine(
         device="cpu",
         cache=CacheConfig(block_size=block_size, kv_cache_memory_mb=kv_cache_memory_mb),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
+        kv_store=kv_store,
     )
     return EngineCore(config, load_tiny(path))
 

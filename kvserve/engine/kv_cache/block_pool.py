@@ -13,7 +13,7 @@ A pool of `num_blocks` therefore has `num_blocks - 1` usable blocks.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvserve.engine.kv_cache.block_hash import BlockHash
@@ -39,6 +39,9 @@ class BlockPool:
         # An OrderedDict keyed by block id gives O(1) removal from the middle (touch) and both ends.
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
         self._cached: dict[BlockHash, Block] = {}
+        # Told (block, hash) just before a cached block is handed out again, while its KV still holds
+        # the cached tokens (nothing writes it before the next forward): the disk tier saves then.
+        self.on_evict: Callable[[Block, BlockHash], None] | None = None
 
     @property
     def num_usable_blocks(self) -> int:
@@ -103,6 +106,14 @@ class BlockPool:
             block.block_hash = block_hash
             self._cached[block_hash] = block
 
+    def uncache(self, block: Block) -> None:
+        """Forget one block's hash (its KV turned out not to hold what the hash says)."""
+        if block.block_hash is not None and self._cached.get(block.block_hash) is block:
+            del self._cached[block.block_hash]
+        block.block_hash = None
+        if block.ref_cnt == 0 and block.block_id in self._free:
+            self._free.move_to_end(block.block_id, last=False)  # nothing reusable: hand it out first
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash. Blocks in use keep their data but are no longer shared."""
         for block in self._cached.values():
@@ -111,5 +122,7 @@ class BlockPool:
 
     def _evict(self, block: Block) -> None:
         if block.block_hash is not None:
+            if self.on_evict is not None:
+                self.on_evict(block, block.block_hash)
             del self._cached[block.block_hash]
             block.block_hash = None

@@ -8,13 +8,20 @@ those blocks instead of recomputing them, whether their owner is still running o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
 from kvserve.engine.kv_cache.block_pool import Block, BlockPool
 from kvserve.engine.request import Request
+
+
+class CachedSequence(NamedTuple):
+    """A released request's registered full blocks: tokens and their chain hashes (for the disk tier)."""
+
+    token_ids: list[int]
+    block_hashes: list[BlockHash]
 
 
 class ComputedBlocks(NamedTuple):
@@ -49,6 +56,8 @@ class KVCacheManager:
         self._blocks: dict[str, list[Block]] = {}
         self._hashes: dict[str, list[BlockHash]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks already registered
+        # Told what a request leaves in the prefix cache when it is freed (the disk tier remembers it).
+        self.on_free: Callable[[Request, CachedSequence], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -134,9 +143,42 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks (they stay cached until evicted). Unknown ids: no-op."""
         request_id = request.request_id
+        num_cached = self._num_cached_blocks.get(request_id, 0)
+        if self.on_free is not None and num_cached:
+            hashes = self._hashes[request_id][:num_cached]
+            self.on_free(
+                request, CachedSequence(request.all_token_ids[: num_cached * self.block_size], hashes)
+            )
         self.pool.free(self._blocks.pop(request_id, []))
         self._hashes.pop(request_id, None)
         self._num_cached_blocks.pop(request_id, None)
+
+    def block_hashes(self, request: Request, num_tokens: int | None = None) -> list[BlockHash]:
+        """Chain hashes of the full blocks within the request's first `num_tokens` tokens (default all)."""
+        num_tokens = request.num_tokens if num_tokens is None else num_tokens
+        return self._block_hashes(request, num_tokens)[: num_tokens // self.block_size]
+
+    def lookup(self, block_hash: BlockHash) -> Block | None:
+        return self.pool.lookup(block_hash)
+
+    def load_cached_blocks(
+        self, block_hashes: Sequence[BlockHash], keep: Sequence[Block] = ()
+    ) -> list[Block] | None:
+        """Blocks registered as cached under `block_hashes`, for KV about to be filled from disk.
+
+        They are left free but cached at the most-recently-used end of the free list, so the
+        next get_computed_blocks finds them like any other prefix hit. `keep` (the cached blocks
+        before them) are protected from being evicted to make room. None when the pool cannot
+        spare the blocks. The caller fills their KV before the next forward.
+        """
+        if len(block_hashes) + sum(1 for b in keep if b.ref_cnt == 0) > self.pool.num_free_blocks:
+            return None
+        self.pool.touch(keep)
+        blocks = self.pool.allocate(len(block_hashes))
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
+            self.pool.cache_full_block(block, block_hash)
+        self.pool.free([*keep, *blocks])
+        return blocks
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached hash (e.g. after a weight reload). Blocks of running requests

@@ -129,6 +129,27 @@ class ModelRunner:
             logits = logits[torch.tensor(rows, device=self.device)]
         return logits, [scheduled[i] for i in rows]
 
+    @torch.inference_mode()
+    def copy_blocks_out(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """A CPU copy of these blocks' KV, per layer [2, len(block_ids) * block_size, kv_heads, head_dim]
+        (for the disk tier: the copy is written later, while the blocks may be reused)."""
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        copies = []
+        for cache in self.kv_caches:
+            blocks = cache.index_select(1, ids)  # [2, n, block_size, heads, head_dim], a copy
+            copies.append(blocks.flatten(1, 2).to("cpu"))
+        return copies
+
+    @torch.inference_mode()
+    def copy_blocks_in(self, block_ids: list[int], kv: list[torch.Tensor]) -> None:
+        """Write KV read from disk (per layer [2, len(block_ids) * block_size, kv_heads, head_dim])
+        into these blocks."""
+        assert len(kv) == len(self.kv_caches)
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        for cache, layer in zip(self.kv_caches, kv, strict=True):
+            blocks = layer.reshape(2, len(block_ids), self.block_size, *layer.shape[2:])
+            cache.index_copy_(1, ids, blocks.to(device=self.device, dtype=cache.dtype))
+
     def release(self, request_ids: list[str]) -> None:
         """Forget per-request sampling state (seeded generators) of finished requests."""
         for request_id in request_ids:

@@ -1,0 +1,294 @@
+"""DiskTier: the disk KV tier (kvserve/kvstore) wired into the engine's step.
+
+- Lookup at admission: a waiting request whose prompt the RAM prefix cache misses in part
+  is looked up on disk by its block chain hashes; the stored chunks that extend the RAM hit
+  are read (the only time the engine waits on disk) into pool blocks registered as cached,
+  so the scheduler's ordinary prefix lookup then finds them.
+- Saves, copied out on the engine thread and written by the CheckpointWriter's thread:
+  `cold` (first prefill without reuse, cut by the save policy), `continued` (absolute
+  frontiers), `evict` (a released sequence whose blocks are being reused), `shutdown`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvserve.config import KVStoreConfig
+from kvserve.engine.disk_saves import RecentSequences, build_save_job, new_meta, resolve_block_ids
+from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
+from kvserve.engine.kv_cache.block_pool import Block
+from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
+from kvserve.engine.outputs import EngineOutput, SchedulerOutput
+from kvserve.engine.request import Request
+from kvserve.engine.runner.model_runner import ModelRunner
+from kvserve.kvstore import (
+    CheckpointStore,
+    CheckpointWriter,
+    ChunkRun,
+    SavePolicy,
+    SaveResult,
+    StoreIdentity,
+    cold_cut,
+    continued_frontier,
+)
+from kvserve.kvstore.checkpoint import SaveReason
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DiskTierStats:
+    num_hits: int  # requests that loaded KV from disk
+    num_hit_tokens: int
+    num_saves: int  # checkpoints written
+    num_saved_bytes: int
+    num_checkpoints: int
+    num_bytes: int
+    num_evictions: int
+
+
+class DiskTier:
+    def __init__(
+        self,
+        config: KVStoreConfig,
+        identity: StoreIdentity,
+        kv: KVCacheManager,
+        runner: ModelRunner,
+        text_of: Callable[[Sequence[int]], str],
+    ) -> None:
+        """Opens (and repairs) the cache directory; raises OSError if it is unusable."""
+        self.store = CheckpointStore(
+            Path(config.directory).expanduser(),
+            identity,
+            config.budget_mb * 2**20,
+            chunk_tokens=config.chunk_tokens,
+        )
+        self.writer = CheckpointWriter(self.store, config.max_pending_saves, on_result=self._on_saved)
+        self.policy = SavePolicy(
+            min_tokens=config.min_tokens,
+            align_tokens=config.align_tokens,
+            continued_interval_tokens=config.continued_interval_tokens,
+        )
+        self.kv = kv
+        self.runner = runner
+        self.text_of = text_of
+        self.block_size = identity.block_size
+        # Turn-start token sequences of the chat template, for the `cold` cut (set by the server).
+        self.turn_markers: tuple[Sequence[int], Sequence[int]] = ((), ())
+        self.recent = RecentSequences()
+        self._evicted: dict[BlockHash, int] = {}  # evicted this step: hash -> block (KV still intact)
+        self._looked_up: set[str] = set()
+        self._prefilled: set[str] = set()  # requests whose cold-save decision is made
+        self._last_frontier: dict[str, int] = {}
+        self._num_hits = self._num_hit_tokens = self._num_saves = self._num_saved_bytes = 0
+        self._closed = False
+        self._final_stats: DiskTierStats | None = None
+        kv.on_free = self._on_free
+        kv.pool.on_evict = self._on_evict
+        stats = self.store.stats()
+        logger.info(
+            "disk KV cache %s: %d checkpoints, %.1f MiB (budget %d MiB)",
+            config.directory,
+            stats.num_checkpoints,
+            stats.total_bytes / 2**20,
+            config.budget_mb,
+        )
+
+    # -- lookup and load --------------------------------------------------------------
+
+    def load_prefixes(self, waiting: Sequence[Request], num_slots: int) -> None:
+        """Load disk hits for the requests about to be admitted (the head of the queue)."""
+        for request in list(waiting)[: max(0, num_slots)]:
+            if request.request_id not in self._looked_up:
+                self._looked_up.add(request.request_id)
+                self._load_prefix(request)
+
+    def _load_prefix(self, request: Request) -> None:
+        ram = self.kv.get_computed_blocks(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = self.kv.block_hashes(request)[:max_blocks]
+        run = self.store.lookup_by_block_hashes(hashes) if len(ram.blocks) < max_blocks else None
+        n_ram = ram.num_computed_tokens
+        if run is None or run.num_tokens <= n_ram:
+            self._log_source(request, n_ram, 0, run)
+            return
+        started = time.monotonic()
+        spans = tuple(span for span in run.chunks if span.end > n_ram)
+        blocks = self.kv.load_cached_blocks(
+            hashes[n_ram // self.block_size : run.num_tokens // self.block_size], ram.blocks
+        )
+        self.save_evicted()  # blocks just reused for the load still hold what they cached
+        if blocks is None:
+            logger.info(
+                "request %s: no free KV blocks to load %d tokens from disk",
+                request.request_id,
+                run.num_tokens,
+            )
+            return
+        loaded = self.store.load_run(ChunkRun(spans, run.checkpoint_ids))
+        offset = n_ram - spans[0].start
+        if loaded is None or list(loaded.token_ids[offset:]) != request.all_token_ids[n_ram : run.num_tokens]:
+            self._forget(blocks)  # corrupt (already removed by the store) or a hash collision
+            self._log_source(request, n_ram, 0, None)
+            return
+        self.runner.copy_blocks_in([b.block_id for b in blocks], [layer[:, offset:] for layer in loaded.kv])
+        self._num_hits += 1
+        self._num_hit_tokens += run.num_tokens - n_ram
+        self._last_frontier[request.request_id] = run.num_tokens
+        self._log_source(request, n_ram, run.num_tokens - n_ram, run, time.monotonic() - started)
+
+    def _forget(self, blocks: list[Block]) -> None:
+        """Unregister blocks whose KV could not be filled: nothing must find them."""
+        for block in blocks:
+            if block.block_hash is not None and self.kv.lookup(block.block_hash) is block:
+                self.kv.pool.uncache(block)
+
+    def _log_source(
+        self, request: Request, n_ram: int, n_disk: int, run: ChunkRun | None, load_s: float = 0.0
+    ) -> None:
+        n = request.num_prompt_tokens
+        if n_disk:
+            logger.info(
+                "request %s: %d prompt tokens: %d from RAM, %d from disk checkpoint %s (%.0f ms), %d to prefill",
+                request.request_id, n, n_ram, n_disk, run.checkpoint_ids[0][:12] if run and run.checkpoint_ids else "?",
+                load_s * 1000, n - n_ram - n_disk,
+            )  # fmt: skip
+        elif n_ram:
+            logger.info("request %s: %d prompt tokens: %d from live RAM cache", request.request_id, n, n_ram)
+        else:
+            logger.info("request %s: %d prompt tokens: cold (no cached prefix)", request.request_id, n)
+        max_hit = (n - 1) // self.block_size * self.block_size
+        if run is not None and n_ram + n_disk < max_hit:
+            logger.info(
+                "request %s: the prompt leaves the stored checkpoints (%s) after token %d",
+                request.request_id,
+                ", ".join(c[:12] for c in run.checkpoint_ids) or "?",
+                run.num_tokens,
+            )
+
+    def text_prefix(self, text: str) -> tuple[list[int], int] | None:
+        """The exact tokens of the stored checkpoint whose rendered text is the longest prefix of
+        `text`, with that prefix's length in UTF-8 bytes. Thread-safe (the store locks): the
+        server calls it while rendering, off the engine thread."""
+        if self._closed:
+            return None
+        checkpoint = self.store.lookup_by_text_prefix(text)
+        token_ids = None if checkpoint is None else self.store.token_ids(checkpoint)
+        if checkpoint is None or token_ids is None:
+            return None
+        return token_ids, checkpoint.meta.text.num_bytes
+
+    # -- save triggers ----------------------------------------------------------------
+
+    def after_update(self, scheduler_output: SchedulerOutput, outputs: Sequence[EngineOutput]) -> None:
+        """`cold` and `continued` saves of this step's requests; forget finished ones."""
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            request_id = request.request_id
+            if request_id not in self._prefilled and request.num_computed_tokens >= request.num_prompt_tokens:
+                self._prefilled.add(request_id)
+                if request.num_cached_tokens == 0:
+                    self._save_cold(request)
+            if request.is_finished:
+                continue
+            frontier = continued_frontier(
+                request.num_computed_tokens, self._last_frontier.get(request_id, 0), self.policy
+            )
+            if frontier is not None:
+                self._last_frontier[request_id] = frontier
+                self._save_request(request, frontier, "continued")
+        for output in outputs:
+            if output.finished:
+                for state in (self._looked_up, self._prefilled):
+                    state.discard(output.request_id)
+                self._last_frontier.pop(output.request_id, None)
+
+    def _save_cold(self, request: Request) -> None:
+        user, assistant = self.turn_markers
+        cut = cold_cut(request.prompt_token_ids, user, assistant, self.policy)
+        if cut is None:
+            return
+        cut -= cut % self.block_size  # block aligned, so the token-hash lookup finds all of it
+        if cut >= self.policy.min_tokens:
+            self._last_frontier[request.request_id] = max(cut, self._last_frontier.get(request.request_id, 0))
+            self._save_request(request, cut, "cold")
+
+    def _save_request(
+        self, request: Request, num_tokens: int, reason: SaveReason, block: bool = False
+    ) -> None:
+        num_tokens -= num_tokens % self.block_size
+        if request.is_finished:  # freed already (its full blocks stay cached): hash afresh
+            hashes = compute_block_hashes(
+                request.all_token_ids[:num_tokens], self.block_size, self.kv.extra_key
+            )
+        else:
+            hashes = self.kv.block_hashes(request, num_tokens)
+        self._save(CachedSequence(request.all_token_ids[:num_tokens], hashes), reason, block)
+
+    def _save(self, sequence: CachedSequence, reason: SaveReason, block: bool = False) -> bool:
+        token_ids, hashes = sequence
+        if len(token_ids) < self.policy.min_tokens or self._closed:
+            return False
+        meta = new_meta(self.store, self.text_of, token_ids, reason)
+        if self.store.get(meta.checkpoint_id) is not None:
+            return False
+        block_ids = resolve_block_ids(self.kv, hashes, self._evicted)
+        if block_ids is None:
+            return False
+        job = build_save_job(self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out)
+        return self.writer.submit(job, block=block)
+
+    def _on_free(self, request: Request, sequence: CachedSequence) -> None:
+        if len(sequence.token_ids) >= self.policy.min_tokens:
+            self.recent.add(sequence)
+
+    def _on_evict(self, block: Block, block_hash: BlockHash) -> None:
+        self._evicted[block_hash] = block.block_id
+        self.recent.block_evicted(block_hash)
+
+    def save_evicted(self) -> None:
+        """`evict` saves of the sequences that lost blocks since the last call. Must run after
+        any allocation and before the next write into the pool (forward, disk load)."""
+        for sequence in self.recent.take_evicting():
+            self._save(sequence, "evict")
+        self._evicted.clear()
+
+    def _on_saved(self, result: SaveResult) -> None:  # writer thread: plain counter updates
+        if result.status == "stored":
+            self._num_saves += 1
+            self._num_saved_bytes += result.num_new_bytes
+
+    # -- shutdown and stats -----------------------------------------------------------
+
+    def shutdown(self, running: Sequence[Request]) -> None:
+        """Save what is live (running sequences, then released ones still cached), wait for the
+        writer, close the store. Idempotent."""
+        if self._closed:
+            return
+        for request in running:
+            self._save_request(request, request.num_computed_tokens, "shutdown", block=True)
+        for sequence in self.recent.newest_first():
+            self._save(sequence, "shutdown", block=True)
+        self.writer.close()
+        self._final_stats = self.stats()
+        self._closed = True
+        self.store.close()
+        logger.info("disk KV cache: %d checkpoints written this run", self._num_saves)
+
+    def stats(self) -> DiskTierStats:
+        if self._final_stats is not None:
+            return self._final_stats
+        store = self.store.stats()
+        return DiskTierStats(
+            self._num_hits,
+            self._num_hit_tokens,
+            self._num_saves,
+            self._num_saved_bytes,
+            store.num_checkpoints,
+            store.total_bytes,
+            store.num_evictions,
+        )

