@@ -45,11 +45,11 @@ def serve_in_thread(app: Any, start_timeout_s: float = 30.0) -> Iterator[tuple[s
 def embedded_server(args: argparse.Namespace) -> Iterator[str]:
     """Builds the engine and app from `kvserve serve`'s flags (see `serve.add_serve_args`) and yields
     the base URL of a loopback server over them; the engine shuts down (and saves) on exit."""
-    from kvserve.cli.serve import build_app
+    from kvserve.cli.serve import build_app, close_server
 
     app, engine = build_app(args)
     try:
         with serve_in_thread(app) as (url, _server):
             yield url
     finally:
-        engine.shutdown()
+        close_server(app, engine)

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
         )  # kvserve.access logs each request, with its id
     finally:
         logger.info("kvserve: shutting down")
-        engine.shutdown()
+        close_server(app, engine)
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -121,6 +121,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     from kvserve.serving.response_store import ResponseStore
     from kvserve.serving.segmenter import OutputSyntax
     from kvserve.serving.tool_memory import ToolReplayMemory
+    from kvserve.serving.tool_memory_file import ToolMemoryFile
     from kvserve.serving.turn_markers import turn_markers
 
     if args.chdir:
@@ -159,7 +160,22 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     )
     store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
     app = create_app(service, settings, response_store=store, engine_stats=lambda: _engine_stats(core))
+    app.state.closers = []
+    if core.disk_tier is not None and service.tool_memory is not None and core.config.kv_store is not None:
+        # Exact replay after a restart needs the sampled call text beside the restored checkpoints.
+        memory_file = ToolMemoryFile(Path(core.config.kv_store.directory).expanduser(), service.tool_memory)
+        memory_file.load()
+        memory_file.start()
+        app.state.closers.append(memory_file.close)
     return app, engine
+
+
+def close_server(app: FastAPI, engine: AsyncEngineClient) -> None:
+    """The clean shutdown of what `build_app` built: its savers, then the engine (whose disk tier
+    writes the shutdown checkpoints)."""
+    for close in getattr(app.state, "closers", ()):
+        close()
+    engine.shutdown()
 
 
 def _positive_int(text: str) -> int:

@@ -56,6 +56,7 @@ class ToolReplayMemory:
         self.max_bytes = max_bytes
         self.num_hits = 0
         self.num_misses = 0
+        self.num_changes = 0  # bumped by remember/merge: lets a saver tell whether to write again
         self._lock = threading.Lock()
         self._ids: OrderedDict[str, str] = OrderedDict()  # call key -> block text; LRU, oldest first
         self._blocks: dict[str, _Block] = {}
@@ -76,6 +77,7 @@ class ToolReplayMemory:
                 if call_ids:
                     self._add(text, len(call_ids), [call_key(i) for i in call_ids])
             self._evict()
+            self.num_changes += 1
 
     def replay(self, call_ids: Sequence[str]) -> str | None:
         """The sampled text of these calls' blocks, in order; None unless every call is known and the
@@ -121,8 +123,9 @@ class ToolReplayMemory:
 
     def merge_json(self, data: Mapping[str, Any]) -> None:
         """Add a snapshot's calls (as the most recently used, in its order); ValueError if malformed."""
-        if data.get("version") != JSON_VERSION:
-            raise ValueError(f"tool memory snapshot version {data.get('version')!r} is not {JSON_VERSION}")
+        if not isinstance(data, Mapping) or data.get("version") != JSON_VERSION:
+            version = data.get("version") if isinstance(data, Mapping) else None
+            raise ValueError(f"tool memory snapshot version {version!r} is not {JSON_VERSION}")
         try:
             blocks = [(b["text"], int(b["num_calls"])) for b in data["blocks"]]
             entries = [(key, *blocks[i]) for key, i in data["lru"]]

