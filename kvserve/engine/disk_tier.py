@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -105,7 +106,10 @@ class DiskTier:
         for request in list(waiting)[: max(0, num_slots)]:
             if request.request_id not in self._looked_up:
                 self._looked_up.add(request.request_id)
-                self._load_prefix(request)
+                try:
+                    self._load_prefix(request)
+                except (OSError, sqlite3.Error) as error:  # the index is unreadable: prefill instead
+                    logger.warning("disk KV cache: lookup failed: %s", error)
 
     def _load_prefix(self, request: Request) -> None:
         ram = self.kv.get_computed_blocks(request)
@@ -129,7 +133,11 @@ class DiskTier:
                 run.num_tokens,
             )
             return
-        loaded = self.store.load_run(ChunkRun(spans, run.checkpoint_ids))
+        try:
+            loaded = self.store.load_run(ChunkRun(spans, run.checkpoint_ids))
+        except (OSError, sqlite3.Error) as error:  # unreadable: prefill instead
+            logger.warning("disk KV cache: load failed: %s", error)
+            loaded = None
         offset = n_ram - spans[0].start
         if loaded is None or list(loaded.token_ids[offset:]) != request.all_token_ids[n_ram : run.num_tokens]:
             self._forget(blocks)  # corrupt (already removed by the store) or a hash collision
@@ -233,13 +241,17 @@ class DiskTier:
         token_ids, hashes = sequence
         if len(token_ids) < self.policy.min_tokens or self._closed:
             return False
-        meta = new_meta(self.store, self.text_of, token_ids, reason)
-        if self.store.get(meta.checkpoint_id) is not None:
+        try:
+            meta = new_meta(self.store, self.text_of, token_ids, reason)
+            if self.store.get(meta.checkpoint_id) is not None:
+                return False
+            block_ids = resolve_block_ids(self.kv, hashes, self._evicted)
+            if block_ids is None:
+                return False
+            job = build_save_job(self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out)
+        except (OSError, sqlite3.Error) as error:  # a checkpoint is an optimization: skip it, keep serving
+            logger.warning("disk KV cache: %s checkpoint skipped: %s", reason, error)
             return False
-        block_ids = resolve_block_ids(self.kv, hashes, self._evicted)
-        if block_ids is None:
-            return False
-        job = build_save_job(self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out)
         return self.writer.submit(job, block=block)
 
     def _on_free(self, request: Request, sequence: CachedSequence) -> None:
