@@ -66,6 +66,7 @@ class EngineOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_computed_tokens: int = 0  # prompt tokens prefilled so far; set on prefill-progress outputs
+    num_cache_write_tokens: int = 0  # tokens of this request sent to disk checkpoints so far
 
     @property
     def finished(self) -> bool:

@@ -38,6 +38,7 @@ class GenerationRun:
         self.eos_token_ids = eos_token_ids
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
+        self.num_cache_write_tokens = 0
         self.is_done = False  # no more outputs wanted: the engine finished or a stop string matched
         self._reason: FinishReason | None = None
 
@@ -50,6 +51,7 @@ class GenerationRun:
             self.prefill.update(output)
             return []
         events: list[GenerationEvent] = []
+        self.num_cache_write_tokens = max(self.num_cache_write_tokens, output.num_cache_write_tokens)
         if not self.prefill.is_done:
             self.num_cached_tokens = output.num_cached_tokens
             self.prefill.finish(output.num_cached_tokens)
@@ -83,4 +85,7 @@ class GenerationRun:
         return [Logprobs(self.token_texts.logprobs(logprobs))] if logprobs else []
 
     def _usage(self) -> Usage:
-        return Usage(self.prefill.num_prompt_tokens, self.num_output_tokens, self.num_cached_tokens)
+        num_prompt, num_cached = self.prefill.num_prompt_tokens, self.num_cached_tokens
+        # Disk writes of output tokens (a `continued` save during decode) are not prompt caching.
+        written = min(self.num_cache_write_tokens, num_prompt - num_cached)
+        return Usage(num_prompt, self.num_output_tokens, num_cached, written)
