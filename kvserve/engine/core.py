@@ -154,7 +154,7 @@ class EngineCore:
         )
         outputs = self.scheduler.update(scheduler_output, runner_output)
         if disk is not None:
-            disk.after_update(scheduler_output, outputs)
+            outputs = disk.after_update(scheduler_output, outputs)
         self.runner.release([o.request_id for o in outputs if o.finished])
         return outputs + _prefill_progress(scheduler_output, outputs)
 

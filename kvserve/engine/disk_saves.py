@@ -96,9 +96,10 @@ def build_save_job(
     block_hashes: list[BlockHash],
     block_ids: list[int],
     copy_out: CopyOut,
-) -> SaveJob:
+) -> tuple[SaveJob, int]:
     """Copy out the KV of the chunks the store lacks (one copy of the blocks covering them)
-    and wrap it in a job; the provider serves slices of that copy."""
+    and wrap it in a job; the provider serves slices of that copy. Also returns how many
+    tokens those chunks hold (what the save adds to the disk)."""
     block_size = store.identity.block_size
     missing = store.missing_spans(token_ids, block_hashes)
     copies: dict[str, list[torch.Tensor]] = {}
@@ -115,7 +116,8 @@ def build_save_job(
             raise ChunkUnavailableError(span.key)
         return copies[span.key]
 
-    return SaveJob(meta, tuple(token_ids), tuple(block_hashes), provider)
+    num_new_tokens = sum(span.num_tokens for span in missing)
+    return SaveJob(meta, tuple(token_ids), tuple(block_hashes), provider), num_new_tokens
 
 
 def new_meta(

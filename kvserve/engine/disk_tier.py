@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvserve.config import KVStoreConfig
@@ -84,6 +85,7 @@ class DiskTier:
         self._looked_up: set[str] = set()
         self._prefilled: set[str] = set()  # requests whose cold-save decision is made
         self._last_frontier: dict[str, int] = {}
+        self._written: dict[str, int] = {}  # request id -> tokens its cold/continued saves sent to disk
         self._num_hits = self._num_hit_tokens = self._num_saves = self._num_saved_bytes = 0
         self._closed = False
         self._final_stats: DiskTierStats | None = None
@@ -105,7 +107,10 @@ class DiskTier:
         for request in list(waiting)[: max(0, num_slots)]:
             if request.request_id not in self._looked_up:
                 self._looked_up.add(request.request_id)
-                self._load_prefix(request)
+                try:
+                    self._load_prefix(request)
+                except (OSError, sqlite3.Error) as error:  # the index is unreadable: prefill instead
+                    logger.warning("disk KV cache: lookup failed: %s", error)
 
     def _load_prefix(self, request: Request) -> None:
         ram = self.kv.get_computed_blocks(request)
@@ -129,7 +134,11 @@ class DiskTier:
                 run.num_tokens,
             )
             return
-        loaded = self.store.load_run(ChunkRun(spans, run.checkpoint_ids))
+        try:
+            loaded = self.store.load_run(ChunkRun(spans, run.checkpoint_ids))
+        except (OSError, sqlite3.Error) as error:  # unreadable: prefill instead
+            logger.warning("disk KV cache: load failed: %s", error)
+            loaded = None
         offset = n_ram - spans[0].start
         if loaded is None or list(loaded.token_ids[offset:]) != request.all_token_ids[n_ram : run.num_tokens]:
             self._forget(blocks)  # corrupt (already removed by the store) or a hash collision
@@ -184,8 +193,11 @@ class DiskTier:
 
     # -- save triggers ----------------------------------------------------------------
 
-    def after_update(self, scheduler_output: SchedulerOutput, outputs: Sequence[EngineOutput]) -> None:
-        """`cold` and `continued` saves of this step's requests; forget finished ones."""
+    def after_update(
+        self, scheduler_output: SchedulerOutput, outputs: list[EngineOutput]
+    ) -> list[EngineOutput]:
+        """`cold` and `continued` saves of this step's requests, then the outputs with how many
+        tokens each request has sent to disk (for usage); finished requests are forgotten."""
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             request_id = request.request_id
@@ -201,11 +213,19 @@ class DiskTier:
             if frontier is not None:
                 self._last_frontier[request_id] = frontier
                 self._save_request(request, frontier, "continued")
+        outputs = [
+            replace(o, num_cache_write_tokens=self._written[o.request_id])
+            if o.request_id in self._written
+            else o
+            for o in outputs
+        ]
         for output in outputs:
             if output.finished:
                 for state in (self._looked_up, self._prefilled):
                     state.discard(output.request_id)
                 self._last_frontier.pop(output.request_id, None)
+                self._written.pop(output.request_id, None)
+        return outputs
 
     def _save_cold(self, request: Request) -> None:
         user, assistant = self.turn_markers
@@ -227,20 +247,29 @@ class DiskTier:
             )
         else:
             hashes = self.kv.block_hashes(request, num_tokens)
-        self._save(CachedSequence(request.all_token_ids[:num_tokens], hashes), reason, block)
+        written = self._save(CachedSequence(request.all_token_ids[:num_tokens], hashes), reason, block)
+        if written:
+            self._written[request.request_id] = self._written.get(request.request_id, 0) + written
 
-    def _save(self, sequence: CachedSequence, reason: SaveReason, block: bool = False) -> bool:
+    def _save(self, sequence: CachedSequence, reason: SaveReason, block: bool = False) -> int:
+        """Submit a checkpoint; returns how many tokens of KV it sends to disk (0: none or skipped)."""
         token_ids, hashes = sequence
         if len(token_ids) < self.policy.min_tokens or self._closed:
-            return False
-        meta = new_meta(self.store, self.text_of, token_ids, reason)
-        if self.store.get(meta.checkpoint_id) is not None:
-            return False
-        block_ids = resolve_block_ids(self.kv, hashes, self._evicted)
-        if block_ids is None:
-            return False
-        job = build_save_job(self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out)
-        return self.writer.submit(job, block=block)
+            return 0
+        try:
+            meta = new_meta(self.store, self.text_of, token_ids, reason)
+            if self.store.get(meta.checkpoint_id) is not None:
+                return 0
+            block_ids = resolve_block_ids(self.kv, hashes, self._evicted)
+            if block_ids is None:
+                return 0
+            job, num_new_tokens = build_save_job(
+                self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out
+            )
+        except (OSError, sqlite3.Error) as error:  # a checkpoint is an optimization: skip it, keep serving
+            logger.warning("disk KV cache: %s checkpoint skipped: %s", reason, error)
+            return 0
+        return num_new_tokens if self.writer.submit(job, block=block) else 0
 
     def _on_free(self, request: Request, sequence: CachedSequence) -> None:
         if len(sequence.token_ids) >= self.policy.min_tokens:

@@ -67,6 +67,7 @@ class EngineOutput:
     num_cached_tokens: int = 0
     num_computed_tokens: int = 0  # prompt tokens prefilled so far; set on prefill-progress outputs
     error: str | None = None  # with FinishReason.ERROR: why the token constraint failed
+    num_cache_write_tokens: int = 0  # tokens of this request sent to disk checkpoints so far
 
     @property
     def finished(self) -> bool:

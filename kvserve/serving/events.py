@@ -53,6 +53,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    cache_write_tokens: int = 0  # prompt tokens this request stored in disk checkpoints
 
     @property
     def total_tokens(self) -> int:

@@ -39,6 +39,7 @@ class GenerationRun:
         self.num_output_tokens = 0
         self.output_token_ids: list[int] = []  # what was sampled, in order (live continuation needs it)
         self.num_cached_tokens = 0
+        self.num_cache_write_tokens = 0
         self.is_done = False  # no more outputs wanted: the engine finished or a stop string matched
         self._reason: FinishReason | None = None
         self._error: str | None = None  # the engine's reason for FinishReason.ERROR
@@ -52,6 +53,7 @@ class GenerationRun:
             self.prefill.update(output)
             return []
         events: list[GenerationEvent] = []
+        self.num_cache_write_tokens = max(self.num_cache_write_tokens, output.num_cache_write_tokens)
         if not self.prefill.is_done:
             self.num_cached_tokens = output.num_cached_tokens
             self.prefill.finish(output.num_cached_tokens)
@@ -88,4 +90,7 @@ class GenerationRun:
         return [Logprobs(self.token_texts.logprobs(logprobs))] if logprobs else []
 
     def _usage(self) -> Usage:
-        return Usage(self.prefill.num_prompt_tokens, self.num_output_tokens, self.num_cached_tokens)
+        num_prompt, num_cached = self.prefill.num_prompt_tokens, self.num_cached_tokens
+        # Disk writes of output tokens (a `continued` save during decode) are not prompt caching.
+        written = min(self.num_cache_write_tokens, num_prompt - num_cached)
+        return Usage(num_prompt, self.num_output_tokens, num_cached, written)

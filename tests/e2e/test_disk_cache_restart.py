@@ -153,7 +153,7 @@ def ask(api: str, url: str, messages: list[dict[str, str]], max_tokens: int) -> 
     text = "".join(block.text for block in message.content if block.type == "text")
     usage = message.usage
     cached = usage.cache_read_input_tokens or 0
-    return text, usage.input_tokens + cached, cached
+    return text, usage.input_tokens + cached + (usage.cache_creation_input_tokens or 0), cached
 
 
 @pytest.mark.timeout(3000)  # two cold ~6,000-token prefills: minutes each on a small shared CPU

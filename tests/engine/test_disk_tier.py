@@ -61,7 +61,9 @@ def test_prefix_loaded_from_disk_gives_the_cold_run_tokens(tiny_llama_dir: Path,
 
 def test_cold_checkpoint_after_a_first_prefill(tiny_llama_dir: Path, tmp_path: Path) -> None:
     engine = make_engine(tiny_llama_dir, kv_store=_store_config(tmp_path, align_tokens=256))
-    _run(engine, _prompt(700, 3))
+    request = engine.make_request("r", _prompt(700, 3), GREEDY)
+    outputs = engine.generate([request])["r"]
+    assert outputs[-1].num_cache_write_tokens == 512  # reported as cache writes (Anthropic usage)
     assert _reasons(engine) == ["cold"]
     (checkpoint,) = engine.disk_tier.store.checkpoints()  # type: ignore[union-attr]
     assert checkpoint.meta.num_tokens == 512  # (700 - 32) aligned down to 256

@@ -107,3 +107,14 @@ def test_metrics_expose_the_disk_tier() -> None:
     assert "kvserve_kv_disk_bytes 8192.0" in text and "kvserve_kv_disk_evictions 1.0" in text
     off = generate_latest(Metrics(lambda: EngineStats(1, 0, 0.5, 0.1)).registry).decode()
     assert "kvserve_kv_disk_hits 0.0" in off
+
+
+def test_anthropic_usage_splits_the_prompt_into_read_written_and_neither() -> None:
+    from kvserve.api.anthropic_messages.adapter import usage_json
+    from kvserve.serving.events import Usage
+
+    usage = usage_json(
+        Usage(prompt_tokens=1000, completion_tokens=5, cached_tokens=0, cache_write_tokens=512)
+    )
+    assert usage["input_tokens"] == 488 and usage["cache_creation_input_tokens"] == 512
+    assert usage_json(Usage(1000, 5, 992))["cache_read_input_tokens"] == 992

@@ -209,10 +209,11 @@ def stop_reason(reason: FinishReason, stop_sequence: str | None) -> str:
 
 def usage_json(usage: Usage) -> dict[str, Any]:
     return {
-        "input_tokens": usage.uncached_prompt_tokens,
+        # Anthropic's three input counts add up to the prompt: read from cache, written to it, neither.
+        "input_tokens": usage.uncached_prompt_tokens - usage.cache_write_tokens,
         "output_tokens": usage.completion_tokens,
         "cache_read_input_tokens": usage.cached_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": usage.cache_write_tokens,
     }
 
 
