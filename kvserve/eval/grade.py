@@ -59,10 +59,11 @@ def grade(case: EvalCase, output: ModelOutput, limits: SandboxLimits = DEFAULT_L
         return _grade_code(case, output, limits)
     if case.kind is AnswerKind.TOOL_CALL:
         return _grade_tool_call(case, output)
+    if output.is_truncated and not any(r.strip() for r in extract.answer_regions(output.content)):
+        # A cut-off text's last number or letter is whatever it was saying, not an answer.
+        return Grade(CaseStatus.INCOMPLETE, "", "ran out of tokens before an answer")
     found = _extract(case, output.content)
     if found is None:
-        if output.is_truncated:
-            return Grade(CaseStatus.INCOMPLETE, "", "ran out of tokens before an answer")
         return Grade(CaseStatus.FAILED, "", "no answer found")
     is_right = any(_matches(case.kind, found, expected) for expected in (case.answer, *case.aliases))
     return Grade(CaseStatus.PASSED if is_right else CaseStatus.FAILED, _show(found))
