@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> None:
 def _evaluate(cases: list[Any], suites: tuple[str, ...], args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from kvserve.eval.client import ChatSettings, EvalClient
+    from kvserve.eval.client import ChatSettings, EvalClient, RequestFailed
+    from kvserve.eval.grade import CaseStatus
     from kvserve.eval.plain import run_plain
     from kvserve.eval.runner import EvalRunner, RunSettings
     from kvserve.eval.sandbox import SandboxLimits
@@ -125,12 +126,16 @@ def _evaluate(cases: list[Any], suites: tuple[str, ...], args: argparse.Namespac
                 results = asyncio.run(run_plain(runner))
             else:
                 results = run_tui(runner, Console())
+        except RequestFailed as error:  # the server is unreachable or refuses /v1/models
+            print(f"kvserve eval: {url}: {error}", file=sys.stderr)
+            return 2
         finally:
             if trace:
                 trace.close()
     meta |= {"model": runner.model, "wall_s": round(time.monotonic() - wall_start, 1)}
     _report(results, suites, meta, args.json)
-    return 0
+    # Wrong answers are scores, not failures; requests that failed mean the run itself is broken.
+    return 1 if any(r.status is CaseStatus.ERROR for r in results) else 0
 
 
 @contextlib.contextmanager

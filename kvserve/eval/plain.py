@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from kvserve.eval.grade import CaseStatus
 from kvserve.eval.result import CaseResult
 from kvserve.eval.runner import EvalRunner
 
@@ -15,7 +16,8 @@ def case_line(result: CaseResult, number: int, total: int) -> str:
         f"[{number:>{width}}/{total}] {result.status.value:<10} {result.case.id:<28} {result.case.domain:<11}"
         f" got={result.extracted[:40]!r} ({result.elapsed_s:.1f}s)"
     )
-    return f"{line}  {result.detail[:120]}" if result.detail and not result.status.is_graded else line
+    is_explained = result.detail and result.status is not CaseStatus.PASSED
+    return f"{line}  {result.detail[:120]}" if is_explained else line
 
 
 async def run_plain(runner: EvalRunner, out: TextIO = sys.stdout) -> list[CaseResult]:
