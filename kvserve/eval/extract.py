@@ -44,14 +44,21 @@ def visible_text(text: str) -> str:
 
 def answer_regions(text: str) -> Iterator[str]:
     """Candidate answer regions, best first: the text after the marker on `Answer:` lines (last line
-    first), then after "answer is"/"answer:" on other lines (first line first)."""
+    first; a bare `Answer:` takes the next non-empty line), then after "answer is"/"answer:" on
+    other lines (first line first)."""
     lines = visible_text(text).splitlines()
-    for line in reversed(lines):
-        if m := _LEADING_MARKER.match(line):
-            yield line[m.end() :]
+    for i in reversed(range(len(lines))):
+        if m := _LEADING_MARKER.match(lines[i]):
+            rest = lines[i][m.end() :]
+            yield rest if rest.strip() else next((line for line in lines[i + 1 :] if line.strip()), "")
     for line in lines:
         if not _LEADING_MARKER.match(line) and (m := _ANY_MARKER.search(line)):
             yield line[m.end() :]
+
+
+def has_answer(text: str) -> bool:
+    """Whether the text states an answer anywhere (a marker with something after it)."""
+    return any(region.strip() for region in answer_regions(text))
 
 
 # --- multiple choice -------------------------------------------------------------------------------
@@ -165,17 +172,32 @@ def find_line_set(text: str) -> frozenset[int]:
 def normalize(text: str) -> str:
     """Case, surrounding quotes/markdown, a trailing period and repeated spaces do not matter."""
     text = re.sub(r"[*_`]+", "", text).strip()
-    text = re.sub(r"^(?:is|:|=|-)\s+", "", text.strip(), flags=re.IGNORECASE).strip()
+    text = re.sub(r"^(?:is|:|=|-)(?:\s+|$)", "", text.strip(), flags=re.IGNORECASE).strip()
     text = text.strip("\"'“”‘’ ").rstrip(".!").strip("\"'“”‘’ ")
     return " ".join(text.split()).casefold()
 
 
 def find_string(text: str) -> str | None:
-    for region in answer_regions(text):
-        if value := normalize(region):
-            return value
-    lines = [line for line in visible_text(text).splitlines() if line.strip()]
-    return normalize(lines[-1]) if lines else None
+    candidates = string_candidates(text)
+    return candidates[0] if candidates else None
+
+
+def string_candidates(text: str) -> list[str]:
+    """Readings of the answer, best first: the whole answer region (else the last line), the part
+    after its last ':' or 'is'/'are' ("The reversed string is tenalp"), and its last quoted text."""
+    regions = list(answer_regions(text))
+    region = next((r for r in regions if normalize(r)), None)
+    if region is None and regions:
+        return []  # it said "Answer:" and nothing after it
+    if region is None:
+        lines = [line for line in visible_text(text).splitlines() if line.strip()]
+        if not lines:
+            return []
+        region = lines[-1]
+    quoted = re.findall(r"[\"“`]([^\"”`]+)[\"”`]|(?<!\w)'([^']+)'(?!\w)", region)
+    readings = [region, re.split(r":|\bis\b|\bare\b", region)[-1]]
+    readings += [a or b for a, b in quoted[-1:]]
+    return list(dict.fromkeys(value for value in map(normalize, readings) if value))
 
 
 def split_sequence(text: str) -> tuple[str, ...]:
@@ -187,8 +209,12 @@ def split_sequence(text: str) -> tuple[str, ...]:
 
 
 def find_sequence(text: str) -> tuple[str, ...]:
-    value = find_string(text)
-    return split_sequence(value) if value else ()
+    candidates = sequence_candidates(text)
+    return candidates[0] if candidates else ()
+
+
+def sequence_candidates(text: str) -> list[tuple[str, ...]]:
+    return [items for value in string_candidates(text) if (items := split_sequence(value))]
 
 
 # --- code ------------------------------------------------------------------------------------------

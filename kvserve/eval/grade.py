@@ -59,29 +59,35 @@ def grade(case: EvalCase, output: ModelOutput, limits: SandboxLimits = DEFAULT_L
         return _grade_code(case, output, limits)
     if case.kind is AnswerKind.TOOL_CALL:
         return _grade_tool_call(case, output)
-    if output.is_truncated and not any(r.strip() for r in extract.answer_regions(output.content)):
+    if output.is_truncated and not extract.has_answer(output.content):
         # A cut-off text's last number or letter is whatever it was saying, not an answer.
         return Grade(CaseStatus.INCOMPLETE, "", "ran out of tokens before an answer")
-    found = _extract(case, output.content)
-    if found is None:
+    readings = _extract(case, output.content)
+    if not readings:
         return Grade(CaseStatus.FAILED, "", "no answer found")
-    is_right = any(_matches(case.kind, found, expected) for expected in (case.answer, *case.aliases))
-    return Grade(CaseStatus.PASSED if is_right else CaseStatus.FAILED, _show(found))
+    for found in readings:
+        if any(_matches(case.kind, found, expected) for expected in (case.answer, *case.aliases)):
+            return Grade(CaseStatus.PASSED, _show(found))
+    return Grade(CaseStatus.FAILED, _show(readings[0]))
 
 
-def _extract(case: EvalCase, text: str) -> object | None:
-    """The extracted answer in the kind's comparable form, or None when there is none."""
+def _extract(case: EvalCase, text: str) -> list[object]:
+    """The extracted answer in the kind's comparable form, best reading first; empty when none.
+    Strings and sequences have several readings ("The reversed string is 'tenalp'")."""
     kind = case.kind
-    if kind is AnswerKind.CHOICE:
-        return extract.find_letter(text, len(case.choices))
-    if kind is AnswerKind.INTEGER:
-        return extract.find_integer(text)
     if kind is AnswerKind.STRING:
-        return extract.find_string(text)
+        return list(extract.string_candidates(text))
     if kind is AnswerKind.SEQUENCE:
-        return extract.find_sequence(text) or None
-    assert kind is AnswerKind.LINE_SET, kind
-    return extract.find_line_set(text) or None
+        return list(extract.sequence_candidates(text))
+    found: object | None
+    if kind is AnswerKind.CHOICE:
+        found = extract.find_letter(text, len(case.choices))
+    elif kind is AnswerKind.INTEGER:
+        found = extract.find_integer(text)
+    else:
+        assert kind is AnswerKind.LINE_SET, kind
+        found = extract.find_line_set(text) or None
+    return [] if found is None else [found]
 
 
 def _matches(kind: AnswerKind, found: object, expected: str) -> bool:
@@ -142,7 +148,8 @@ def _grade_tool_call(case: EvalCase, output: ModelOutput) -> Grade:
         problem = _call_problem(case, call, expected)
         if problem is None:
             return Grade(CaseStatus.PASSED, shown)
-    return Grade(CaseStatus.FAILED, shown, problem or "")
+    status = CaseStatus.INCOMPLETE if output.is_truncated else CaseStatus.FAILED  # cut off mid-call
+    return Grade(status, shown, problem or "")
 
 
 def _call_problem(case: EvalCase, call: ToolCall, expected: dict[str, Any]) -> str | None:

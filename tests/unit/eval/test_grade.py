@@ -30,6 +30,11 @@ def _status(case_id: str, text: str, finish: str = "stop") -> CaseStatus:
         ("core/reading-04", "Answer: 5", CaseStatus.PASSED),  # every line named is right
         ("core/reading-04", "Answer: 1, 2", CaseStatus.FAILED),  # line 2 is wrong
         ("core/arith-01", "I am still working on it and the sum of 47", CaseStatus.FAILED),
+        ("core/strings-01", "The reversed string is 'tenalp'.", CaseStatus.PASSED),
+        ("core/strings-01", 'Answer: The string "planet" reversed is "tenalp"', CaseStatus.PASSED),
+        ("core/strings-01", 'The answer to "Reverse planet" is: "planet".', CaseStatus.FAILED),
+        ("core/strings-06", "The answer is: \nAnswer: \nThe answer is: ", CaseStatus.FAILED),
+        ("core/strings-04", "Answer: The sorted words are apple, cherry, mango, pear.", CaseStatus.PASSED),
     ],
 )
 def test_answer_kinds(case_id: str, text: str, expected: CaseStatus) -> None:
@@ -64,6 +69,11 @@ def test_tool_calls_are_graded_on_the_parsed_call(
 ) -> None:
     g = grade(CASES["tools/weather"], output)
     assert g.status is expected and detail in g.detail
+
+
+def test_a_call_cut_off_by_max_tokens_is_incomplete() -> None:
+    cut = ModelOutput("", tool_calls=(ToolCall("get_weather", '{"city": "Lisbo'),), finish_reason="length")
+    assert grade(CASES["tools/weather"], cut).status is CaseStatus.INCOMPLETE
 
 
 def test_numbers_in_tool_arguments_compare_by_value() -> None:
