@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--case-id", action="append", default=[], help="only this case (repeatable)")
     g.add_argument("--domain", action="append", default=[], help="only this domain (repeatable)")
     g.add_argument("--source", action="append", default=[], help="only this source (repeatable)")
+    g.add_argument("--limit", type=_positive, help="only the first N cases of each suite")
     g.add_argument("--list-cases", action="store_true", help="list the selected cases and exit")
     g.add_argument("--validate-cases", action="store_true", help="check every built-in case and exit")
     g.add_argument("--self-test-extractors", action="store_true", help="run the model-free extractor cases")
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> None:
         sys.exit(
             f"kvserve eval: unknown suite {', '.join(sorted(unknown))} (choose from {', '.join(SUITES)})"
         )
-    chosen = select(cases, CaseFilter(suites, tuple(args.case_id), tuple(args.domain), tuple(args.source)))
+    wanted = CaseFilter(suites, tuple(args.case_id), tuple(args.domain), tuple(args.source), args.limit)
+    chosen = select(cases, wanted)
     if not chosen:
         sys.exit("kvserve eval: no case matches the filters")
     if args.list_cases:

@@ -133,11 +133,12 @@ class CaseFilter:
     case_ids: tuple[str, ...] = ()
     domains: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    limit: int | None = None  # the first N matching cases of each suite (a documented subset)
 
 
 def select(cases: Iterable[EvalCase], f: CaseFilter) -> list[EvalCase]:
     """Cases in any of the suites that also match every other given filter (ids, domains, sources)."""
-    return [
+    chosen = [
         c
         for c in cases
         if set(c.suites) & set(f.suites)
@@ -145,6 +146,16 @@ def select(cases: Iterable[EvalCase], f: CaseFilter) -> list[EvalCase]:
         and (not f.domains or c.domain in f.domains)
         and (not f.sources or c.source in f.sources)
     ]
+    if f.limit is None:
+        return chosen
+    taken: dict[str, int] = {}
+    limited = []
+    for case in chosen:
+        suite = next(s for s in f.suites if s in case.suites)
+        if taken.get(suite, 0) < f.limit:
+            taken[suite] = taken.get(suite, 0) + 1
+            limited.append(case)
+    return limited
 
 
 def validate(cases: Sequence[EvalCase]) -> list[str]:

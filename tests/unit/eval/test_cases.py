@@ -99,6 +99,12 @@ def test_filters() -> None:
 SUITES_ALL = ("core", "humaneval", "tools", "smoke")
 
 
+def test_limit_takes_the_first_cases_of_each_suite() -> None:
+    chosen = [c.id for c in select(CASES, CaseFilter(("core", "humaneval"), limit=3))]
+    first_core = [c.id for c in CASES if "core" in c.suites][:3]
+    assert chosen == [*first_core, "HumanEval/0", "HumanEval/1", "HumanEval/2"]
+
+
 def test_validation_names_each_problem() -> None:
     good = BY_ID["core/choice-01"].to_json()
     bad = [
