@@ -111,6 +111,7 @@ def _evaluate(cases: list[Any], suites: tuple[str, ...], args: argparse.Namespac
         sandbox=SandboxLimits(timeout_s=args.code_timeout),
     )
     is_plain = args.plain or not (sys.stdin.isatty() and sys.stdout.isatty())
+    is_interrupted = False
     started, wall_start = datetime.now(UTC), time.monotonic()
     with _server_url(args) as url:
         runner = EvalRunner(EvalClient(url, args.api_key, args.timeout), cases, settings)
@@ -131,11 +132,15 @@ def _evaluate(cases: list[Any], suites: tuple[str, ...], args: argparse.Namespac
         except RequestFailed as error:  # the server is unreachable or refuses /v1/models
             print(f"kvserve eval: {url}: {error}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # Ctrl-C in --plain: report what finished (the rest is stopped/pending)
+            results, is_interrupted = runner.results(), True
         finally:
             if trace:
                 trace.close()
     meta |= {"model": runner.model, "wall_s": round(time.monotonic() - wall_start, 1)}
     _report(results, suites, meta, args.json)
+    if is_interrupted:
+        return 130
     # Wrong answers are scores, not failures; requests that failed mean the run itself is broken.
     return 1 if any(r.status is CaseStatus.ERROR for r in results) else 0
 

@@ -3,6 +3,7 @@ cases, pauses on p, re-runs the selected case on Enter, and q quits with the rep
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
@@ -65,3 +66,27 @@ def test_tui_runs_pauses_reruns_and_quits_with_the_report(url: str, tmp_path: Pa
     child.close()
     assert child.exitstatus == 0
     assert trace.read_text().count('"type": "case"') == 3
+
+
+def test_ctrl_c_in_plain_mode_still_reports(tmp_path: Path) -> None:
+    engine = FakeEngine(reply("Answer: 85 " * 50), token_delay_s=0.2)  # slow: still running at Ctrl-C
+    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake")
+    with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (base, _):
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "kvserve", "--log-level", "WARNING", "eval", "--url", base, "--suite", "smoke", "--plain"],
+            cwd=str(ROOT),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            encoding="utf-8",
+            timeout=60,
+        )
+        child.logfile_read = log = io.StringIO()
+        deadline = time.monotonic() + 30
+        while not engine.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.sendintr()
+        child.expect("suite smoke")
+        child.expect(pexpect.EOF)
+        child.close()
+    assert child.exitstatus == 130
+    assert "STOPPED" in log.getvalue() and "the run was stopped" in log.getvalue()
