@@ -12,10 +12,15 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvserve.cli.serve import add_serve_args
 from kvserve.eval.cases import SUITES, CaseFilter
+
+if TYPE_CHECKING:
+    from kvserve.eval.cases import EvalCase
+    from kvserve.eval.result import CaseResult
+    from kvserve.eval.runner import EvalRunner, RunSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,49 +96,26 @@ def run(args: argparse.Namespace) -> None:
     sys.exit(_evaluate(chosen, suites, args))
 
 
-def _evaluate(cases: list[Any], suites: tuple[str, ...], args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from kvserve.eval.client import ChatSettings, EvalClient, RequestFailed
+def _evaluate(cases: list[EvalCase], suites: tuple[str, ...], args: argparse.Namespace) -> int:
+    from kvserve.eval.client import EvalClient, RequestFailed
     from kvserve.eval.grade import CaseStatus
-    from kvserve.eval.plain import run_plain
-    from kvserve.eval.runner import EvalRunner, RunSettings
-    from kvserve.eval.sandbox import SandboxLimits
+    from kvserve.eval.runner import EvalRunner
     from kvserve.eval.trace import TraceWriter
-    from kvserve.eval.tui import run_tui
 
-    effort = {"auto": None, "on": "high", "off": "none"}[args.think]
-    settings = RunSettings(
-        chat=ChatSettings(args.temperature, args.sample_seed, effort),
-        parallel=args.parallel,
-        retries=max(args.retries, 0),
-        max_tokens=args.max_tokens,
-        sandbox=SandboxLimits(timeout_s=args.code_timeout),
-    )
-    is_plain = args.plain or not (sys.stdin.isatty() and sys.stdout.isatty())
-    is_interrupted = False
     started, wall_start = datetime.now(UTC), time.monotonic()
+    meta: dict[str, Any] = {"suites": list(suites), "url": args.url or "embedded"}
+    meta |= {"started": started.isoformat(timespec="seconds"), "parallel": args.parallel}
+    meta |= {"temperature": args.temperature, "think": args.think, "retries": args.retries}
     with _server_url(args) as url:
-        runner = EvalRunner(EvalClient(url, args.api_key, args.timeout), cases, settings)
-        meta = {
-            "suites": list(suites),
-            "url": args.url or "embedded",
-            "started": started.isoformat(timespec="seconds"),
-        }
-        meta |= {"parallel": args.parallel, "temperature": args.temperature, "think": args.think}
+        runner = EvalRunner(EvalClient(url, args.api_key, args.timeout), cases, _run_settings(args))
         trace = TraceWriter(Path(args.trace), meta) if args.trace else None
         if trace:
             runner.on_finish = trace.write
         try:
-            if is_plain:
-                results = asyncio.run(run_plain(runner))
-            else:
-                results = run_tui(runner, Console())
+            results, is_interrupted = _drive(runner, args.plain)
         except RequestFailed as error:  # the server is unreachable or refuses /v1/models
             print(f"kvserve eval: {url}: {error}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:  # Ctrl-C in --plain: report what finished (the rest is stopped/pending)
-            results, is_interrupted = runner.results(), True
         finally:
             if trace:
                 trace.close()
@@ -143,6 +125,36 @@ def _evaluate(cases: list[Any], suites: tuple[str, ...], args: argparse.Namespac
         return 130
     # Wrong answers are scores, not failures; requests that failed mean the run itself is broken.
     return 1 if any(r.status is CaseStatus.ERROR for r in results) else 0
+
+
+def _run_settings(args: argparse.Namespace) -> RunSettings:
+    from kvserve.eval.client import ChatSettings
+    from kvserve.eval.runner import RunSettings
+    from kvserve.eval.sandbox import SandboxLimits
+
+    effort = {"auto": None, "on": "high", "off": "none"}[args.think]
+    return RunSettings(
+        chat=ChatSettings(args.temperature, args.sample_seed, effort),
+        parallel=args.parallel,
+        retries=max(args.retries, 0),
+        max_tokens=args.max_tokens,
+        sandbox=SandboxLimits(timeout_s=args.code_timeout),
+    )
+
+
+def _drive(runner: EvalRunner, is_plain: bool) -> tuple[list[CaseResult], bool]:
+    """Runs the cases under the TUI, or plainly without a terminal; returns (results, interrupted)."""
+    from rich.console import Console
+
+    from kvserve.eval.plain import run_plain
+    from kvserve.eval.tui import run_tui
+
+    if is_plain or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        try:
+            return asyncio.run(run_plain(runner)), False
+        except KeyboardInterrupt:  # Ctrl-C: report what finished (the rest is stopped or pending)
+            return runner.results(), True
+    return run_tui(runner, Console()), False
 
 
 @contextlib.contextmanager
@@ -156,7 +168,9 @@ def _server_url(args: argparse.Namespace) -> Iterator[str]:
         yield url
 
 
-def _report(results: list[Any], suites: tuple[str, ...], meta: dict[str, Any], json_path: str | None) -> None:
+def _report(
+    results: list[CaseResult], suites: tuple[str, ...], meta: dict[str, Any], json_path: str | None
+) -> None:
     from kvserve.eval.report import render_report, summarize, summary_json
 
     summary = summarize(results, suites)
