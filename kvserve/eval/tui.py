@@ -52,11 +52,12 @@ class _View:
         return self.selected
 
     def render(self, height: int) -> Layout:
+        rows = max(height - 3, 1)  # inside the panels: the footer line and two border lines off
         layout = Layout()
         layout.split_column(Layout(name="body"), Layout(self._footer(), name="footer", size=1))
         layout["body"].split_row(
-            Layout(self._case_list(height - 3), name="cases", ratio=2),
-            Layout(self._output(height - 3), name="output", ratio=3),
+            Layout(self._case_list(rows), name="cases", ratio=2),
+            Layout(self._output(rows), name="output", ratio=3),
         )
         return layout
 
