@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 # Tokens the chat template adds around each message (role markers), on top of the text itself.
 _TEMPLATE_TOKENS_PER_MESSAGE = 8
 _CONTEXT_MARGIN = 16
+_ERROR_BACKOFF_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ class EvalRunner:
                 break
             if result.status is CaseStatus.INCOMPLETE:
                 budget *= 2
+            else:
+                await asyncio.sleep(_ERROR_BACKOFF_S * attempt)  # give a struggling server a moment
             logger.info("%s: %s (%s), retrying", case.id, result.status.value, result.detail)
         run.result = result
         self.on_finish(result)
