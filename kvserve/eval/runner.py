@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from kvserve.eval.cases import EvalCase
 from kvserve.eval.client import ChatSettings, EvalClient, RequestFailed
-from kvserve.eval.grade import CaseStatus, Grade, grade
+from kvserve.eval.grade import CaseStatus, Grade, ModelOutput, grade
 from kvserve.eval.prompts import messages_for
 from kvserve.eval.result import CaseResult
 from kvserve.eval.sandbox import SandboxLimits
@@ -127,7 +127,12 @@ class EvalRunner:
             except asyncio.CancelledError:
                 run = self.runs[index]
                 if run.status is CaseStatus.RUNNING:
-                    run.result = CaseResult(run.case, CaseStatus.STOPPED, detail="the run was stopped")
+                    partial = ModelOutput(
+                        run.text, finish_reason="stopped"
+                    )  # kept in the trace, never graded
+                    run.result = CaseResult(
+                        run.case, CaseStatus.STOPPED, detail="the run was stopped", output=partial
+                    )
                     self.on_finish(run.result)
                 raise
             finally:
