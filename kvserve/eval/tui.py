@@ -75,6 +75,8 @@ class _View:
         run = self.runner.runs[self.shown_index()]
         result = run.result
         body = run.text or (result.output.content if result.output else "")
+        if result.output and result.output.tool_calls:
+            body += "".join(f"\n[tool call] {c.name}({c.arguments})" for c in result.output.tool_calls)
         tail = "\n".join(body.splitlines()[-max(rows - 4, 1) :])
         lines: list[Any] = [Text(tail)]
         if result.status.is_done:
