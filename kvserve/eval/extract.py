@@ -50,10 +50,19 @@ def answer_regions(text: str) -> Iterator[str]:
     for i in reversed(range(len(lines))):
         if m := _LEADING_MARKER.match(lines[i]):
             rest = lines[i][m.end() :]
-            yield rest if rest.strip() else next((line for line in lines[i + 1 :] if line.strip()), "")
+            yield rest if rest.strip() else _next_content_line(lines[i + 1 :])
     for line in lines:
         if not _LEADING_MARKER.match(line) and (m := _ANY_MARKER.search(line)):
             yield line[m.end() :]
+
+
+def _next_content_line(lines: list[str]) -> str:
+    """The line under a bare `Answer:`, unless it is only another answer marker."""
+    for line in lines:
+        if line.strip():
+            is_marker = _LEADING_MARKER.match(line) or _ANY_MARKER.search(line)
+            return "" if is_marker else line
+    return ""
 
 
 def has_answer(text: str) -> bool:

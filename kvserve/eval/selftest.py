@@ -47,6 +47,7 @@ EXTRACTOR_CASES: tuple[ExtractorCase, ...] = (
     ExtractorCase("markdown", "**Answer:** **(B)**", AnswerKind.CHOICE, "B", 4),
     ExtractorCase("answer on the next line", "Answer:\n\n**B**", AnswerKind.CHOICE, "B", 4),
     ExtractorCase("empty answer", "The answer is:\nAnswer:", AnswerKind.STRING, None),
+    ExtractorCase("empty answers", "The answer is: \nAnswer: \nThe answer is: ", AnswerKind.STRING, None),
     ExtractorCase("reasoning ignored", "<think>Answer: A</think>\nAnswer: D", AnswerKind.CHOICE, "D", 4),
     # Integers: the value after the last '=' on the answer line; leading zeros dropped.
     ExtractorCase("equation", "Answer: m+n = 256+37 = 293", AnswerKind.INTEGER, 293),
