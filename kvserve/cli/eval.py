@@ -117,9 +117,9 @@ def _evaluate(cases: list[EvalCase], suites: tuple[str, ...], args: argparse.Nam
             print(f"kvserve eval: {url}: {error}", file=sys.stderr)
             return 2
         finally:
+            meta |= {"model": runner.model, "wall_s": round(time.monotonic() - wall_start, 1)}
             if trace:
-                trace.close()
-    meta |= {"model": runner.model, "wall_s": round(time.monotonic() - wall_start, 1)}
+                trace.close({"model": runner.model, "wall_s": meta["wall_s"]})
     _report(results, suites, meta, args.json)
     if is_interrupted:
         return 130

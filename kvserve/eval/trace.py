@@ -23,7 +23,10 @@ class TraceWriter:
     def write(self, result: CaseResult) -> None:
         self._write({**result.to_json(), "messages": messages_for(result.case)})
 
-    def close(self) -> None:
+    def close(self, footer: dict[str, Any] | None = None) -> None:
+        """Ends the trace; the footer holds what is known only at the end (model, wall time)."""
+        if footer:
+            self._write({"type": "end", **footer})
         self._file.close()
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -32,7 +35,8 @@ class TraceWriter:
 
 
 def read_trace(path: Path) -> tuple[dict[str, Any], list[CaseResult]]:
-    """The run header and the last result of each case (a case run again in the TUI appears twice)."""
+    """The run header (with the end record's fields) and the last result of each case (a case run
+    again in the TUI appears twice)."""
     header: dict[str, Any] = {}
     results: dict[str, CaseResult] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -42,8 +46,8 @@ def read_trace(path: Path) -> tuple[dict[str, Any], list[CaseResult]]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}:{number}: not JSON: {error}") from error
-        if record.get("type") == "run":
-            header = record
+        if record.get("type") in ("run", "end"):
+            header |= {k: v for k, v in record.items() if k != "type"}
         elif record.get("type") == "case":
             results[record["id"]] = CaseResult.from_json(record)
     return header, list(results.values())

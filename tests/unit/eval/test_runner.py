@@ -101,9 +101,9 @@ async def test_the_trace_regrades_to_the_same_grades(server: tuple[str, FakeEngi
     runner = EvalRunner(EvalClient(url), list(SMOKE.values()), RunSettings(retries=0), on_finish=writer.write)
     results = await runner.run()
     await runner.client.aclose()
-    writer.close()
+    writer.close({"model": runner.model})
     header, traced = read_trace(path)
-    assert header["suites"] == ["smoke"] and len(traced) == len(results)
+    assert header["suites"] == ["smoke"] and header["model"] == "fake" and len(traced) == len(results)
     record = json.loads(path.read_text().splitlines()[1])
     assert record["messages"][-1]["content"] and "output" in record and "extracted" in record
     outcome = regrade(traced)
