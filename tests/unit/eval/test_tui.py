@@ -1,0 +1,92 @@
+"""The TUI in a real pseudo-terminal against the kvserve app on a scripted FakeEngine: it shows the
+cases, pauses on p, re-runs the selected case on Enter, and q quits with the report."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from kvserve.api.app import create_app
+from kvserve.api.settings import ApiSettings
+from kvserve.cli.embedded import serve_in_thread
+from kvserve.eval.keys import key_name
+from kvserve.serving.chat_service import ChatService
+from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    engine = FakeEngine(reply("Answer: 85"), token_delay_s=0.01)
+    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake")
+    with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (base, _):
+        yield base
+
+
+def test_key_names() -> None:
+    assert [key_name(k) for k in ("\x1b[A", "\x1b[B", "\r", "p", "Q", "\x1b")] == [
+        "up", "down", "enter", "p", "q", None,
+    ]  # fmt: skip
+
+
+def test_tui_runs_pauses_reruns_and_quits_with_the_report(url: str, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "kvserve", "--log-level", "WARNING", "eval", "--url", url, "--suite", "smoke",
+         "--domain", "arithmetic", "--domain", "science", "--trace", str(trace)],
+        cwd=str(ROOT),
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"},
+        dimensions=(30, 120),
+        encoding="utf-8",
+        timeout=60,
+    )  # fmt: skip
+    child.expect("cases \\(2\\)")
+    child.expect("passed 1")  # one right (85), one wrong (85 is not a letter)
+    child.expect("failed 1")
+    child.send("p")
+    child.expect("PAUSED")
+    child.send("p")
+    child.send("\x1b[B")  # select the second case and run it again
+    child.send("\r")
+    deadline = time.monotonic() + 30
+    while trace.read_text().count('"type": "case"') < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child.send("q")
+    child.expect("suite smoke")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert trace.read_text().count('"type": "case"') == 3
+
+
+def test_ctrl_c_in_plain_mode_still_reports(tmp_path: Path) -> None:
+    engine = FakeEngine(reply("Answer: 85 " * 50), token_delay_s=0.2)  # slow: still running at Ctrl-C
+    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake")
+    with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (base, _):
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "kvserve", "--log-level", "WARNING", "eval", "--url", base, "--suite", "smoke", "--plain"],
+            cwd=str(ROOT),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            encoding="utf-8",
+            timeout=60,
+        )
+        child.logfile_read = log = io.StringIO()
+        deadline = time.monotonic() + 30
+        while not engine.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.sendintr()
+        child.expect("suite smoke")
+        child.expect(pexpect.EOF)
+        child.close()
+    assert child.exitstatus == 130
+    assert "STOPPED" in log.getvalue() and "the run was stopped" in log.getvalue()
