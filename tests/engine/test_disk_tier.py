@@ -213,6 +213,14 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_entry(
     engine = make_engine(tiny_llama_dir, kv_store=config)  # opening repairs: temp files, orphans
     store = engine.disk_tier.store  # type: ignore[union-attr]
     assert store.verify() == 0  # every checkpoint left reads back with valid hashes
+    verify = subprocess.run(
+        [sys.executable, "-m", "kvserve", "kv", "verify", "--kv-cache-dir", str(cache)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr  # the CLI agrees, beside the open store
     checkpoints = store.checkpoints()
     assert checkpoints and not list(cache.rglob("*.tmp.*"))
     stored = store.token_ids(checkpoints[0])
