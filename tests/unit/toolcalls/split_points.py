@@ -26,9 +26,19 @@ def run(make: Callable[[], Streaming], chunks: Iterable[str]) -> list[Any]:
 
 
 def merged(events: Sequence[Any]) -> list[Any]:
-    """Adjacent events of one type (and one call index) with a text/fragment field become one."""
+    """Adjacent events of one type (and one call index) with a text/fragment field become one.
+
+    How arguments are fragmented depends on the chunking, so fragments merge. A call that started
+    streaming live and then was aborted (its block malformed: CallEnd.aborted) exists only under some
+    chunkings; its block comes back as text either way, so it is dropped here."""
+    aborted = {e.index for e in events if getattr(e, "aborted", False)}
     out: list[Any] = []
     for event in events:
+        index = getattr(event, "index", None)
+        if index is not None:
+            if index in aborted:
+                continue
+            event = dataclasses.replace(event, index=index - sum(i < index for i in aborted))
         prev = out[-1] if out else None
         field = next((f for f in _MERGED_FIELDS if hasattr(event, f)), None)
         if (
