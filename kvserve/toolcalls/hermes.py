@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvserve.toolcalls.partial_json import loads_repaired
 from kvserve.toolcalls.live import LiveView
 from kvserve.toolcalls.live_json import live_json_call
+from kvserve.toolcalls.partial_json import loads_repaired
 from kvserve.toolcalls.syntax import JSON_ERRORS, NEEDS_MORE, ParamSchemas, ParsedCall, ParseResult
 from kvserve.toolcalls.xml_scan import strip_partial
 
