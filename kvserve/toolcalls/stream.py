@@ -25,6 +25,8 @@ from kvserve.toolcalls.syntax import (
     param_schemas,
 )
 
+_EAGER_LIVE_CHARS = 2048
+
 
 class ToolSyntax(Protocol):
     """The three-symbol contract of a syntax module (see syntax.py)."""
@@ -62,7 +64,8 @@ class ToolCallParser:
         self._after_call = False
         # Live streaming of the open block's first call (syntaxes with `live_call`): its index once
         # CallStart went out, the arguments prefix sent, and how much text arrived since the last look
-        # (looking re-parses the block, so it is done less often as the block grows: linear overall).
+        # (looking re-parses the block: past _EAGER_LIVE_CHARS it is done less often as the block grows,
+        # so a long block costs linear time overall).
         self._live_call = getattr(syntax, "live_call", None)
         self._live: tuple[int, str] | None = None
         self._unseen = 0
@@ -75,7 +78,7 @@ class ToolCallParser:
         if self._block is not None and not self._may_close(text):
             self._parts.append(text)
             self._unseen += len(text)
-            if self._live_call is not None and self._unseen * 32 >= self._seen:
+            if self._live_call is not None and self._unseen * 32 >= self._seen - _EAGER_LIVE_CHARS:
                 self._join("")
                 self._stream_live(events)
             return events

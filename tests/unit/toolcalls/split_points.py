@@ -67,6 +67,7 @@ def assert_split_invariant(make: Callable[[], Streaming], text: str) -> list[Any
         events = run(make, chunks)
         assert merged(events) == expected, f"chunks {chunks!r}"
         assert_no_empty_deltas(events)
+        assert_fragments_concatenate(events)
     return expected
 
 
@@ -75,3 +76,13 @@ def assert_no_empty_deltas(events: Iterable[Any]) -> None:
     for event in events:
         for field in _MERGED_FIELDS:
             assert getattr(event, field, "x") != "", event
+
+
+def assert_fragments_concatenate(events: Iterable[Any]) -> None:
+    """However a call's arguments were fragmented, the fragments add up to its final arguments."""
+    sent: dict[int, str] = {}
+    for event in events:
+        if hasattr(event, "fragment"):
+            sent[event.index] = sent.get(event.index, "") + event.fragment
+        elif hasattr(event, "arguments"):
+            assert sent.get(event.index, "") == event.arguments, event
