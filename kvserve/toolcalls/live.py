@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.toolcalls.syntax import ParamSchemas, coerce_value, compact_json, is_string_schema
+from kvserve.toolcalls.partial_json import close_json
+from kvserve.toolcalls.syntax import coerce_value, compact_json, is_string_schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,4 +102,18 @@ def closed_value(body: str, start: int, closer: str, nexts: tuple[str, ...]) -> 
     return held_tail(body[start:], closer), False, -1
 
 
-__all__ = ["LiveParam", "LiveView", "ParamSchemas", "arguments_prefix", "closed_value", "held_tail"]
+def closed_arguments(sent: str) -> str | None:
+    """The shortest canonical compact JSON object that starts with `sent` (the arguments of a call whose
+    block went malformed after they streamed): open strings and containers closed, a dangling `,` or
+    key completed with null."""
+    for extra in ("", "null", '"":null', ":null"):
+        text = close_json(sent + extra)
+        if not text.startswith(sent):
+            continue
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(value, dict) and compact_json(value) == text:
+            return text
+    return None

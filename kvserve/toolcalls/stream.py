@@ -12,8 +12,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from kvserve.toolcalls.events import CallArgs, CallEnd, CallStart, TextChunk, ToolEvent
-from kvserve.toolcalls.live import LiveView
-from kvserve.toolcalls.partial_json import loads_repaired
+from kvserve.toolcalls.live import LiveView, closed_arguments
 from kvserve.toolcalls.syntax import (
     JSON_ERRORS,
     NeedsMore,
@@ -233,11 +232,8 @@ class ToolCallParser:
         back, so it ends with the arguments sent so far closed into valid JSON (marked `aborted`); the
         block itself then comes back as text, as every malformed block does, so nothing is lost."""
         index, sent = live
-        repaired = loads_repaired(sent)
-        final = compact_json(repaired) if isinstance(repaired, dict) else "{}"
-        if not final.startswith(sent):
-            final = sent + "}" if sent.endswith("{") else final  # pragma: no cover - defensive
-        if len(final) > len(sent):
+        final = closed_arguments(sent) or "{}"  # (always closes: sent is a compact prefix we wrote)
+        if len(final) > len(sent) and final.startswith(sent):
             events.append(CallArgs(index, final[len(sent) :]))
         events.append(CallEnd(index, final, raw, self.num_blocks, aborted=True))
         self.num_calls += 1

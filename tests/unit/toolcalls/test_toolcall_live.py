@@ -10,6 +10,7 @@ from split_points import assert_fragments_concatenate, run
 from toolcall_cases import GOLDEN, TOOLS
 
 from kvserve.toolcalls import CallArgs, CallEnd, CallStart, TextChunk, get_parser
+from kvserve.toolcalls.live import closed_arguments
 
 _D = "｜DSML｜"
 LONG = "echo partial output of a rather long shell command && echo done"
@@ -179,3 +180,26 @@ def test_a_block_malformed_after_its_call_started_is_aborted_and_kept_as_text(sy
     assert end.aborted and json.loads(end.arguments) == {"cmd": "ls"}
     assert_fragments_concatenate(events)
     assert "".join(e.text for e in events if isinstance(e, TextChunk)) == text
+
+
+@pytest.mark.parametrize(
+    ("sent", "closed"),
+    [
+        ("{", "{}"),
+        ('{"a":', '{"a":null}'),
+        ('{"a":"x', '{"a":"x"}'),
+        ('{"a":1,', '{"a":1,"":null}'),
+        ('{"a":[1,', '{"a":[1,null]}'),
+        ('{"a":{"b"', '{"a":{"b":null}}'),
+    ],
+)
+def test_an_aborted_call_closes_what_was_sent(sent: str, closed: str) -> None:
+    assert closed_arguments(sent) == closed
+
+
+def test_an_aborted_json_call_cut_after_a_comma_still_concatenates() -> None:
+    text = '<tool_call>{"name": "bash", "arguments": {"timeout": 1, "cmd": oops}}</tool_call>'
+    events = run(lambda: get_parser("hermes", TOOLS), list(text))
+    (end,) = [e for e in events if isinstance(e, CallEnd)]
+    assert end.aborted and end.arguments == '{"timeout":1,"cmd":null}'
+    assert_fragments_concatenate(events)
