@@ -18,6 +18,8 @@ from kvserve.toolcalls.xml_scan import skip_ws
 _decoder = json.JSONDecoder()
 _ATOM = re.compile(r'[^\s,:\[\]{}"]+')
 _ESCAPE = re.compile(r"\\(?:u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4})?|[^u])")
+_CANONICAL_ATOM = re.compile(r"0|-?[1-9][0-9]*|true|false|null")
+_PLAIN = re.compile(r'[^"\\]+')
 _ARGUMENT_KEYS = ("arguments", "parameters")
 
 
@@ -75,10 +77,13 @@ def compact_prefix(text: str, pos: int) -> str:
             assert match is not None
             if match.end() == len(text):  # the number may go on
                 break
-            try:
-                out.append(compact_json(json.loads(match.group())))
-            except JSON_ERRORS:
-                break  # not JSON: the block will not parse; stop here
+            atom = match.group()
+            if not _CANONICAL_ATOM.fullmatch(atom):  # (the common case needs no round trip)
+                try:
+                    atom = compact_json(json.loads(atom))
+                except JSON_ERRORS:
+                    break  # not JSON: the block will not parse; stop here
+            out.append(atom)
             pos = match.end()
     return "".join(out)
 
@@ -93,11 +98,10 @@ def _string(text: str, pos: int) -> tuple[str, int]:
         if ch == '"':
             return '"' + _escaped("".join(parts)) + '"', i + 1
         if ch != "\\":
-            j = i
-            while j < len(text) and text[j] not in '"\\':
-                j += 1
-            parts.append(text[i:j])
-            i = j
+            run = _PLAIN.match(text, i)
+            assert run is not None
+            parts.append(run.group())
+            i = run.end()
             continue
         match = _ESCAPE.match(text, i)
         # A `\u` escape needs its 4 digits, and a high surrogate its low half, before it is certain.

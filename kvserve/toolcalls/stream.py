@@ -24,7 +24,7 @@ from kvserve.toolcalls.syntax import (
     param_schemas,
 )
 
-_EAGER_LIVE_CHARS = 2048
+_EAGER_LIVE_CHARS = 512
 
 
 class ToolSyntax(Protocol):
@@ -63,8 +63,8 @@ class ToolCallParser:
         self._after_call = False
         # Live streaming of the open block's first call (syntaxes with `live_call`): its index once
         # CallStart went out, the arguments prefix sent, and how much text arrived since the last look
-        # (looking re-parses the block: past _EAGER_LIVE_CHARS it is done less often as the block grows,
-        # so a long block costs linear time overall).
+        # (looking re-parses the block: past _EAGER_LIVE_CHARS it is done after every 1/32 growth of
+        # the block, so a long block costs linear time overall).
         self._live_call = getattr(syntax, "live_call", None)
         self._live: tuple[int, str] | None = None
         self._unseen = 0
@@ -77,7 +77,9 @@ class ToolCallParser:
         if self._block is not None and not self._may_close(text):
             self._parts.append(text)
             self._unseen += len(text)
-            if self._live_call is not None and self._unseen * 32 >= self._seen - _EAGER_LIVE_CHARS:
+            if self._live_call is not None and (
+                self._seen <= _EAGER_LIVE_CHARS or self._unseen * 32 >= self._seen
+            ):
                 self._join("")
                 self._stream_live(events)
             return events

@@ -112,6 +112,11 @@ def _streamed(syntax: str, text: str) -> str:
         # a number is sent only once it ended; a typed XML value only once its tag closed
         ("hermes", '<tool_call>{"name": "bash", "arguments": {"timeout": 12', '{"timeout":'),
         ("hermes", '<tool_call>{"name": "bash", "arguments": {"timeout": 1.0e1,', '{"timeout":10.0,'),
+        (
+            "hermes",
+            '<tool_call>{"name": "bash", "arguments": {"a": -0, "b": [1E2, 7, true]',
+            '{"a":0,"b":[100.0,7,true]',
+        ),
         ("qwen3_coder", "<function=bash>\n<parameter=timeout>\n30\n</parameter>", '{"timeout":'),
         ("qwen3_coder", "<function=bash>\n<parameter=timeout>\n30\n</parameter>\n<", '{"timeout":'),
         (
