@@ -105,8 +105,9 @@ class ModelOutputSegmenter:
             return ToolCallArgsDelta(event.index, event.fragment)
         assert isinstance(event, CallEnd)
         call_id = self._ids[event.index]
-        self.sampled_calls[call_id] = event.raw
-        self._blocks.setdefault(event.block, (event.raw, []))[1].append(call_id)
+        if not event.aborted:  # an aborted call's block came back as text: there is no markup to replay
+            self.sampled_calls[call_id] = event.raw
+            self._blocks.setdefault(event.block, (event.raw, []))[1].append(call_id)
         return ToolCallEnd(event.index, event.arguments)
 
     @property

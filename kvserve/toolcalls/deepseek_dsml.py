@@ -18,6 +18,7 @@ import json
 import re
 from typing import Any
 
+from kvserve.toolcalls.live import LiveParam, LiveView, arguments_prefix, held_tail
 from kvserve.toolcalls.partial_json import loads_repaired
 from kvserve.toolcalls.syntax import JSON_ERRORS, NEEDS_MORE, ParamSchemas, ParsedCall, ParseResult
 from kvserve.toolcalls.xml_scan import is_partial, skip_ws, strip_partial
@@ -128,3 +129,61 @@ def _required(attrs: dict[str, str], key: str) -> str:
     if not attrs.get(key):
         raise ValueError(f"missing {key}=")
     return attrs[key]
+
+
+def live_call(block: str, tools: ParamSchemas) -> LiveView | None:
+    """The open block's first invoke as far as it is certain (see live.py); None before its name."""
+    k = next(i for i, start in enumerate(tool_call_start) if block.startswith(start))
+    prefix = _PREFIXES[k]
+    text = block[len(tool_call_start[k]) :]
+    invoke, param = f"<{prefix}invoke", f"<{prefix}parameter"
+    param_end, escaped_end = f"</{prefix}parameter>", f"&lt;/{prefix}parameter>"
+    pos = skip_ws(text, 0)
+    attrs = _live_tag(text, pos, invoke)
+    if attrs is None or not attrs[0].get("name"):
+        return None
+    name, pos = attrs[0]["name"], attrs[1]
+    params: list[LiveParam] = []
+    while True:
+        pos = skip_ws(text, pos)
+        opened = _live_tag(text, pos, param)
+        if opened is None or not opened[0].get("name"):
+            break
+        pos, key, kind = opened[1], opened[0]["name"], opened[0].get("string")
+        end = text.find(param_end, pos)
+        raw = text[pos:] if end < 0 else text[pos:end]
+        stripped = raw.lstrip()
+        if kind is None and (stripped.startswith(param) or (end < 0 and param.startswith(stripped))):
+            break  # (maybe) a nested object: held whole until the block closes
+        if kind == "false":
+            if end >= 0:
+                params.append(LiveParam(key, "", True, False, _live_json(raw)))
+                pos = end + len(param_end)
+                continue
+            params.append(LiveParam(key, "", False, False))
+            break
+        if end < 0:
+            raw = held_tail(raw, param_end, escaped_end)
+        params.append(LiveParam(key, raw.replace(escaped_end, param_end), end >= 0))
+        if end < 0:
+            break
+        pos = end + len(param_end)
+    return LiveView(name, arguments_prefix(params))
+
+
+def _live_tag(text: str, pos: int, tag: str) -> tuple[dict[str, str], int] | None:
+    """A complete, well-formed opening `tag` at `pos`: its attributes and the position after it."""
+    if not text.startswith(tag, pos):
+        return None
+    close = text.find(">", pos)
+    if close < 0 or not _ATTRS.fullmatch(text[pos + len(tag) : close]):
+        return None
+    attrs = {key: html.unescape(value) for key, value in _ATTR.findall(text[pos + len(tag) : close])}
+    return attrs, close + 1
+
+
+def _live_json(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except JSON_ERRORS:
+        return raw

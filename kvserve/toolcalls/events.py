@@ -39,6 +39,9 @@ class CallEnd:
     arguments: str
     raw: str
     block: int = 0  # which block of the output holds the call (0, 1, ...), so equal `raw`s stay apart
+    # The call started streaming live, then its block turned out malformed: `arguments` is what was sent,
+    # closed into valid JSON, and the block's markup follows as text (stream.py `_abort_live`).
+    aborted: bool = False
 
 
 ToolEvent = TextChunk | CallStart | CallArgs | CallEnd

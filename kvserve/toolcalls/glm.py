@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvserve.toolcalls.live import LiveParam, LiveView, arguments_prefix, closed_value, schema_param
 from kvserve.toolcalls.syntax import NEEDS_MORE, ParamSchemas, ParsedCall, ParseResult, coerce_value
 from kvserve.toolcalls.xml_scan import is_partial, skip_ws, strip_partial
 
@@ -62,3 +63,29 @@ def _pair(body: str, pos: int, schemas: Any, arguments: dict[str, Any], is_trunc
         return -1
     arguments[key] = coerce_value(strip_partial(body[start:], _VALUE_END), schemas.get(key))
     return len(body)
+
+
+def live_call(block: str, tools: ParamSchemas) -> LiveView | None:
+    """The open call as far as it is certain (see live.py); None before its name."""
+    body = block[len(tool_call_start) :]
+    name_end = body.find(_KEY)
+    name = body[:name_end].strip()
+    if name_end < 0 or not name or "<" in name or "\n" in name:
+        return None
+    schemas = tools.get(name, {})
+    params: list[LiveParam] = []
+    pos = name_end
+    while True:
+        pos = skip_ws(body, pos)
+        key_end = body.find(_KEY_END, pos)
+        if not body.startswith(_KEY, pos) or key_end < 0:
+            break
+        key = body[pos + len(_KEY) : key_end].strip()
+        pos = skip_ws(body, key_end + len(_KEY_END))
+        if not body.startswith(_VALUE, pos):
+            break
+        raw, done, pos = closed_value(body, pos + len(_VALUE), _VALUE_END, (_KEY, tool_call_end))
+        params.append(schema_param(key, raw, done, schemas))
+        if not done:
+            break
+    return LiveView(name, arguments_prefix(params))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvserve.toolcalls.live import LiveView
+from kvserve.toolcalls.live_json import live_json_call
 from kvserve.toolcalls.partial_json import loads_repaired
 from kvserve.toolcalls.syntax import JSON_ERRORS, NEEDS_MORE, ParamSchemas, ParsedCall, ParseResult
 from kvserve.toolcalls.xml_scan import strip_partial
@@ -47,3 +49,8 @@ def _is_unfinished(body: str, error: json.JSONDecodeError) -> bool:
     if not body.strip():
         return False
     return error.msg.startswith("Unterminated string") or error.pos >= len(body.rstrip())
+
+
+def live_call(block: str, tools: ParamSchemas) -> LiveView | None:
+    """The call as far as it is certain (live_json.py)."""
+    return live_json_call(block, len(tool_call_start))

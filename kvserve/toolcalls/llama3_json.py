@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 from kvserve.toolcalls.hermes import call_from_json
+from kvserve.toolcalls.live import LiveView
+from kvserve.toolcalls.live_json import live_json_call
 from kvserve.toolcalls.syntax import JSON_ERRORS, ParamSchemas, ParsedCall, ParseResult
 
 PYTHON_TAG = "<|python_tag|>"
@@ -37,3 +39,8 @@ def _skip_separators(text: str, pos: int) -> int:
     while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
         pos += 1
     return pos
+
+
+def live_call(block: str, tools: ParamSchemas) -> LiveView | None:
+    """The block's first call as far as it is certain (live_json.py)."""
+    return live_json_call(block.removeprefix(PYTHON_TAG), 0)

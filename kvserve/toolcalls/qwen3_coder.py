@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvserve.toolcalls.live import LiveParam, LiveView, arguments_prefix, closed_value, schema_param
 from kvserve.toolcalls.syntax import NEEDS_MORE, ParamSchemas, ParsedCall, ParseResult, coerce_value
 from kvserve.toolcalls.xml_scan import is_partial, one_newline_trimmed, skip_ws, strip_partial
 
@@ -96,3 +97,34 @@ def _parameter(body: str, pos: int, schemas: Any, arguments: dict[str, Any], is_
         one_newline_trimmed(strip_partial(body[start:], _PARAM_END)), schemas.get(key)
     )
     return len(body)
+
+
+def live_call(block: str, tools: ParamSchemas) -> LiveView | None:
+    """The open block's first function as far as it is certain (see live.py); None before its name."""
+    body = block.removeprefix("<tool_call>")
+    pos = skip_ws(body, 0)
+    name_end = body.find(">", pos)
+    if not body.startswith(_FUNCTION, pos) or name_end < 0:
+        return None
+    name = body[pos + len(_FUNCTION) : name_end].strip()
+    if not name:
+        return None
+    schemas = tools.get(name, {})
+    params: list[LiveParam] = []
+    pos = name_end + 1
+    while True:
+        pos = skip_ws(body, pos)
+        key_end = body.find(">", pos)
+        if not body.startswith(_PARAM, pos) or key_end < 0:
+            break
+        key = body[pos + len(_PARAM) : key_end].strip()
+        raw, done, pos = closed_value(body, key_end + 1, _PARAM_END, (_PARAM, _FUNCTION_END))
+        if done:
+            raw = one_newline_trimmed(raw)
+        else:  # the template's framing newlines: the first is dropped, a last one may be
+            raw = raw.removeprefix("\n") if raw else raw
+            raw = raw.removesuffix("\n")
+        params.append(schema_param(key, raw, done, schemas))
+        if not done:
+            break
+    return LiveView(name, arguments_prefix(params))

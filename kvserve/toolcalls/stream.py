@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from kvserve.toolcalls.events import CallArgs, CallEnd, CallStart, TextChunk, ToolEvent
+from kvserve.toolcalls.live import LiveView, closed_arguments
 from kvserve.toolcalls.syntax import (
     JSON_ERRORS,
     NeedsMore,
@@ -22,6 +23,8 @@ from kvserve.toolcalls.syntax import (
     compact_json,
     param_schemas,
 )
+
+_EAGER_LIVE_CHARS = 512
 
 
 class ToolSyntax(Protocol):
@@ -58,6 +61,14 @@ class ToolCallParser:
         self._parts: list[str] = []
         self._tail = ""
         self._after_call = False
+        # Live streaming of the open block's first call (syntaxes with `live_call`): its index once
+        # CallStart went out, the arguments prefix sent, and how much text arrived since the last look
+        # (looking re-parses the block: past _EAGER_LIVE_CHARS it is done after every 1/32 growth of
+        # the block, so a long block costs linear time overall).
+        self._live_call = getattr(syntax, "live_call", None)
+        self._live: tuple[int, str] | None = None
+        self._unseen = 0
+        self._seen = 0
         self.num_calls = 0
         self.num_blocks = 0  # blocks that parsed into calls
 
@@ -65,6 +76,12 @@ class ToolCallParser:
         events: list[ToolEvent] = []
         if self._block is not None and not self._may_close(text):
             self._parts.append(text)
+            self._unseen += len(text)
+            if self._live_call is not None and (
+                self._seen <= _EAGER_LIVE_CHARS or self._unseen * 32 >= self._seen
+            ):
+                self._join("")
+                self._stream_live(events)
             return events
         self._join(text)
         while self._buf:
@@ -73,8 +90,10 @@ class ToolCallParser:
                     break
             elif not self._scan_text(events):
                 break
-        if self._block is not None and self._ends is not None:
-            self._tail = self._buf[-(len(self._ends[self._block]) - 1) :]
+        if self._block is not None:
+            if self._ends is not None:
+                self._tail = self._buf[-(len(self._ends[self._block]) - 1) :]
+            self._stream_live(events)
         return events
 
     def finish(self) -> list[ToolEvent]:
@@ -167,25 +186,60 @@ class ToolCallParser:
         self._search_from = max(self._search_from, len(self._buf) - len(end) + 1)
         return False
 
+    def _stream_live(self, events: list[ToolEvent]) -> None:
+        """Send what became certain of the open block's first call (its start, then argument text)."""
+        self._seen, self._unseen = len(self._buf), 0
+        if self._live_call is None:
+            return
+        view: LiveView | None = self._live_call(self._buf, self._schemas)
+        if view is None:
+            return
+        if self._live is None:
+            self._live = (self.num_calls, "")
+            events.append(CallStart(self.num_calls, view.name))
+        index, sent = self._live
+        if len(view.arguments) > len(sent) and view.arguments.startswith(sent):
+            events.append(CallArgs(index, view.arguments[len(sent) :]))
+            self._live = (index, view.arguments)
+
     def _close_block(self, block: str, calls: list[ParsedCall] | None, events: list[ToolEvent]) -> None:
         self._block = None
+        live, self._live = self._live, None
+        self._seen = self._unseen = 0
         arguments = _serialized(calls)
+        raw = self._block_ws + block
         if arguments is None:  # malformed: the model's text, exactly as sampled
+            if live is not None:
+                self._abort_live(live, raw, events)
             self._ws, self._block_ws = self._block_ws, ""
             self._text(block, events)
             return
-        raw = self._block_ws + block
         self._block_ws = ""
-        for call, text in zip(calls or (), arguments, strict=True):
+        for i, (call, text) in enumerate(zip(calls or (), arguments, strict=True)):
             index = self.num_calls
             self.num_calls += 1
-            events += [
-                CallStart(index, call.name),
-                CallArgs(index, text),
-                CallEnd(index, text, raw, self.num_blocks),
-            ]
+            sent = ""
+            if i == 0 and live is not None:
+                sent = live[1] if text.startswith(live[1]) else text  # (a repeated key: see live.py)
+            else:
+                events.append(CallStart(index, call.name))
+            if len(text) > len(sent):
+                events.append(CallArgs(index, text[len(sent) :]))
+            events.append(CallEnd(index, text, raw, self.num_blocks))
         self.num_blocks += 1
         self._after_call = True
+
+    def _abort_live(self, live: tuple[int, str], raw: str, events: list[ToolEvent]) -> None:
+        """A block that went malformed after its first call started streaming. The call cannot be taken
+        back, so it ends with the arguments sent so far closed into valid JSON (marked `aborted`); the
+        block itself then comes back as text, as every malformed block does, so nothing is lost."""
+        index, sent = live
+        final = closed_arguments(sent) or "{}"  # (always closes: sent is a compact prefix we wrote)
+        if len(final) > len(sent) and final.startswith(sent):
+            events.append(CallArgs(index, final[len(sent) :]))
+        events.append(CallEnd(index, final, raw, self.num_blocks, aborted=True))
+        self.num_calls += 1
+        self.num_blocks += 1
 
 
 def _serialized(calls: list[ParsedCall] | None) -> list[str] | None:

@@ -81,15 +81,21 @@ def _schema_types(schema: Any) -> set[str]:
     return types
 
 
+def is_string_schema(schema: Any) -> bool:
+    """Whether `coerce_value` keeps a value written under `schema` as its raw text."""
+    types = _schema_types(schema)
+    return not types or "string" in types
+
+
 def coerce_value(raw: str, schema: Any) -> Any:
     """A parameter written as raw text (XML-ish syntaxes) -> a JSON value, typed by its schema.
 
     Strings stay raw (no quoting games); a value that does not parse as its declared type stays a string
     rather than failing the call. Unknown parameters are strings: that is how these templates render them.
     """
-    types = _schema_types(schema)
-    if not types or "string" in types:
+    if is_string_schema(schema):
         return raw
+    types = _schema_types(schema)
     text = raw.strip()
     try:
         value = json.loads(text)

@@ -160,3 +160,14 @@ def test_plugs_into_the_output_pipeline(engine_reason: str, output: str, reason:
     assert [type(e).__name__ for e in events][:1] == ["ReasoningDelta"]
     assert pipeline.finish_reason(engine_reason) == reason  # type: ignore[arg-type]
     assert any(isinstance(e, ToolCallStart) for e in events) == ("tool_call" in output)
+
+
+def test_an_aborted_live_call_is_not_remembered_for_replay() -> None:
+    """A block that went malformed after its call started streaming comes back as text; its markup is
+    not the call's, so tool replay memory must not store it."""
+    segmenter = _segmenter("hermes")
+    text = '<tool_call>{"name": "bash", "arguments": {"cmd": oops}}</tool_call>'
+    events = [e for ch in text for e in segmenter.feed(ch)] + segmenter.finish()
+    assert any(isinstance(e, ToolCallEnd) for e in events)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == text
+    assert segmenter.sampled_calls == {} and segmenter.sampled_blocks == []
