@@ -37,6 +37,16 @@ def _reordered(arguments: str | dict[str, Any]) -> str:
     return text
 
 
+def _replayed_chat_call(call: Any) -> dict[str, Any]:
+    """The assistant turn a Chat Completions client sends back, with the arguments re-serialized."""
+    function = {"name": call.function.name, "arguments": _reordered(call.function.arguments)}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": call.id, "type": "function", "function": function}],
+    }
+
+
 def _whole_turn(prompt_tokens: int, output_tokens: int) -> int:
     """Tokens of the previous turn whose KV exists, in whole blocks (its last sampled token was
     never fed back through the model)."""
@@ -73,17 +83,7 @@ def test_chat_replay_of_reordered_arguments_is_cached(url: str) -> None:
         model="smollm2", messages=user, tools=tools, tool_choice="required", max_tokens=60, temperature=0
     )
     call = first.choices[0].message.tool_calls[0]
-    replayed = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": _reordered(call.function.arguments)},
-            }
-        ],
-    }
+    replayed = _replayed_chat_call(call)
     second = oai.chat.completions.create(
         model="smollm2",
         messages=[*user, replayed, {"role": "tool", "tool_call_id": call.id, "content": RESULT}],
@@ -175,17 +175,7 @@ def test_replay_after_a_restart_still_hits_the_whole_turn(tmp_path: Path) -> Non
             model="smollm2", messages=user, tools=tools, tool_choice="required", max_tokens=60, temperature=0
         )
     call = first.choices[0].message.tool_calls[0]
-    replayed = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": _reordered(call.function.arguments)},
-            }
-        ],
-    }
+    replayed = _replayed_chat_call(call)
     with embedded_server(args) as address:  # a new engine: only the disk tier remembers
         oai = openai.OpenAI(base_url=f"{address}/v1", api_key="k", max_retries=0)
         second = oai.chat.completions.create(
