@@ -47,7 +47,7 @@ def test_tui_runs_pauses_reruns_and_quits_with_the_report(url: str, tmp_path: Pa
         env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"},
         dimensions=(30, 120),
         encoding="utf-8",
-        timeout=60,
+        timeout=180,  # the child imports torch: slow on a loaded 2-core machine
     )  # fmt: skip
     child.expect("cases \\(2\\)")
     child.expect("passed 1")  # one right (85), one wrong (85 is not a letter)
@@ -78,7 +78,7 @@ def test_ctrl_c_in_plain_mode_still_reports(tmp_path: Path) -> None:
             cwd=str(ROOT),
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             encoding="utf-8",
-            timeout=60,
+            timeout=180,  # the child imports torch: slow on a loaded 2-core machine
         )
         child.logfile_read = log = io.StringIO()
         deadline = time.monotonic() + 30
