@@ -214,13 +214,15 @@ class Agent:
 
     def _extension(self, kind: str) -> dict[str, str] | None:
         """Cache hints for kvserve (docs/agent.md): the server may checkpoint this session's prefix
-        (reason agent_session) and the system prompt (agent_system) so a resumed session skips prefill."""
+        (reason agent_session) and the system prompt (agent_system) so a resumed session skips prefill;
+        and prefill progress in the stream, for the status bar."""
         if not self.config.is_kvserve:
             return None
         return {
             "session_id": self.session.name,
             "checkpoint": "agent_session",
             "system_checkpoint": "agent_system",
+            "prefill_progress": True,
         }
 
     # --- compaction ---------------------------------------------------------------------------
