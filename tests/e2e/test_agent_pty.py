@@ -1,6 +1,6 @@
 """The interactive `kvserve agent` in a real pseudo-terminal (pexpect), against a scripted model behind
-the real kvserve app: banner, the prefill bar, streamed Markdown with the status bar, Ctrl+C during a generation, a
-confirmed tool call, /quit, and the terminal settings as they were before it started."""
+the real kvserve app: banner, the prefill bar, streamed Markdown with the status bar, Ctrl+C during a
+generation, a confirmed tool call, /quit, and the terminal settings as they were before it started."""
 
 from __future__ import annotations
 
