@@ -17,6 +17,7 @@ USER = [VOCAB - 2, VOCAB - 1]  # the "user turn starts" marker of this test's te
 ASSISTANT = [VOCAB - 3]
 HINT = CheckpointHint("s1", save_system=True, save_session=True)
 REPLY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+SHORT = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -31,8 +32,14 @@ def _engine(model: Path, directory: Path) -> EngineCore:
     return engine
 
 
-def _run(engine: EngineCore, prompt: list[int], request_id: str, hint: CheckpointHint | None = HINT):
-    request = engine.make_request(request_id, prompt, REPLY, checkpoint_hint=hint)
+def _run(
+    engine: EngineCore,
+    prompt: list[int],
+    request_id: str,
+    hint: CheckpointHint | None = HINT,
+    params: SamplingParams = REPLY,
+):
+    request = engine.make_request(request_id, prompt, params, checkpoint_hint=hint)
     outputs = engine.generate([request])[request_id]
     return [t for o in outputs for t in o.new_token_ids], request
 
@@ -63,18 +70,18 @@ def test_system_and_session_checkpoints_serve_a_fresh_engine(tiny_llama_dir: Pat
     assert fresh.disk_tier is not None and fresh.disk_tier.stats().num_hits == 1
 
     other_session = system + USER + _tokens(300, 4) + ASSISTANT  # a new session, same system prompt
-    _, request = _run(_engine(tiny_llama_dir, tmp_path), other_session, "new")
+    _, request = _run(_engine(tiny_llama_dir, tmp_path), other_session, "new", params=SHORT)
     assert request.num_cached_tokens == 592
 
 
 def test_without_a_hint_only_the_automatic_reasons_are_saved(tiny_llama_dir: Path, tmp_path: Path) -> None:
     engine = _engine(tiny_llama_dir, tmp_path)
-    _run(engine, _tokens(600, 5) + USER + _tokens(300, 6) + ASSISTANT, "plain", hint=None)
+    _run(engine, _tokens(600, 5) + USER + _tokens(300, 6) + ASSISTANT, "plain", hint=None, params=SHORT)
     assert set(_checkpoints(engine)) == {"cold"}
 
 
 def test_a_hint_without_a_disk_tier_is_ignored(tiny_llama_dir: Path) -> None:
     engine = make_engine(tiny_llama_dir)
     assert engine.disk_tier is None
-    tokens, request = _run(engine, _tokens(600, 7) + USER + _tokens(10, 8), "no-disk")
-    assert len(tokens) == 40 and request.is_finished
+    tokens, request = _run(engine, _tokens(40, 7) + USER + _tokens(10, 8), "no-disk", params=SHORT)
+    assert len(tokens) == 2 and request.is_finished
