@@ -26,7 +26,7 @@ from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
 from kvserve.engine.kv_cache.block_pool import Block
 from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
 from kvserve.engine.outputs import EngineOutput, SchedulerOutput
-from kvserve.engine.request import Request, RequestStatus
+from kvserve.engine.request import Request
 from kvserve.engine.runner.model_runner import ModelRunner
 from kvserve.kvstore import (
     CheckpointStore,
@@ -212,13 +212,8 @@ class DiskTier:
                 if request.num_cached_tokens == 0:
                     self._save_cold(request)
             if request.is_finished:
-                if (
-                    hint is not None
-                    and hint.save_session
-                    and request.status != RequestStatus.FINISHED_ABORTED
-                ):
-                    # Prompt and reply: the resumed session's next prompt starts with both.
-                    self._save_request(request, request.num_computed_tokens, "agent_session")
+                if hint is not None and hint.save_session:  # (an aborted request is never scheduled)
+                    self._save_session(request, hint.session_id)
                 continue
             frontier = continued_frontier(
                 request.num_computed_tokens, self._last_frontier.get(request_id, 0), self.policy
@@ -256,6 +251,15 @@ class DiskTier:
         cut = system_cut(request.prompt_token_ids, self.turn_markers[0])
         if cut is not None:
             self._save_request(request, cut, "agent_system")
+
+    def _save_session(self, request: Request, session_id: str | None) -> None:
+        """`agent_session`: prompt and reply, since the session's next prompt starts with both."""
+        num_tokens = request.num_computed_tokens - request.num_computed_tokens % self.block_size
+        logger.info(
+            "request %s: agent_session checkpoint of session %s, %d tokens",
+            request.request_id, session_id or "?", num_tokens,
+        )  # fmt: skip
+        self._save_request(request, num_tokens, "agent_session")
 
     def _save_request(
         self, request: Request, num_tokens: int, reason: SaveReason, block: bool = False

@@ -84,7 +84,7 @@ class PreparedRequest:
     chat: ChatRequest | None = None  # None for raw-prompt completions: their output is not parsed
     prompt_text: str = ""  # the rendered prompt (chat requests)
     constraint: TokenConstraint | None = None  # grammar-constrained decoding (tool_choice, response_format)
-    hints: ServerHints = field(default_factory=ServerHints)  # the `kvserve` extension: agent checkpoints, prefill progress
+    hints: ServerHints = field(default_factory=ServerHints)  # the `kvserve` extension field
 
     @property
     def num_prompt_tokens(self) -> int:
