@@ -92,3 +92,14 @@ async def test_the_official_sdks_read_a_stream_with_progress_comments() -> None:
         "/v1/messages", json={"model": MODEL, "max_tokens": 16, "messages": USER, "stream": True, **extra}
     )
     assert PROGRESS.search(raw.text)  # the comments were there, and the SDK skipped them
+
+
+async def test_responses_and_completions_take_the_extension_too() -> None:
+    h = make_harness(FakeEngine(reply("ok")))
+    bad = {"checkpoint": "agent_session", "extra": 1}
+    for path, body in (("/v1/responses", {"input": "hi"}), ("/v1/completions", {"prompt": "hi"})):
+        response = await h.http.post(path, json={**body, "kvserve": bad})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "kvserve.extra"
+        response = await h.http.post(path, json={**body, "kvserve": {"checkpoint": "agent_session"}})
+        assert response.status_code == 200, response.text
+    assert h.engine.checkpoint_hints == [CheckpointHint(None, save_session=True)] * 2
