@@ -31,6 +31,7 @@ class AgentApp:
     ):
         self.options = options
         self.cancel = threading.Event()
+        self.last_error: str | None = None  # why the last turn ended in error / max steps
         self.client = ModelClient(url, options.api, options.api_key, options.model)
         info = self.client.server_info()
         self.client.model = info.model
@@ -66,6 +67,7 @@ class AgentApp:
     def run_turn(self, text: str) -> TurnStatus:
         with cancel_on_sigint(self.cancel):
             result = self.agent.run_turn(text)
+        self.last_error = result.error
         self.save()
         return result.status
 
@@ -97,6 +99,7 @@ def run_print_mode(url: str, options: AgentOptions) -> int:
                 "session": app.agent.session.name,
                 "status": status.value,
                 "result": answer,
+                "error": app.last_error,  # the server's message when status is "error"
                 "usage": vars(app.agent.session.usage),
                 "messages": [m.to_json() for m in messages],
             }

@@ -13,8 +13,8 @@ from typing import Literal
 
 import httpx
 
-from kvserve.agent.events import Finished, ModelRequest, StreamEvent, Waiting
-from kvserve.agent.sse_decode import AnthropicDecoder, OpenAIChatDecoder, StreamError
+from kvserve.agent.events import Finished, ModelRequest, StreamEvent
+from kvserve.agent.sse_decode import AnthropicDecoder, OpenAIChatDecoder, StreamError, decode_comment
 from kvserve.agent.wire import anthropic_body, openai_body
 
 Api = Literal["openai", "anthropic"]
@@ -116,7 +116,7 @@ class ModelClient:
                     raise ModelError(f"HTTP {response.status_code}: {message}", code)
                 for line in response.iter_lines():
                     if line.startswith(":"):
-                        events.put(Waiting())
+                        events.put(decode_comment(line[1:]))
                     elif line.startswith("data:"):
                         for event in decoder.decode(line[5:].strip()):
                             events.put(event)

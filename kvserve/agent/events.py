@@ -43,7 +43,26 @@ class Waiting:
     """A keepalive while the server prefills (no tokens yet)."""
 
 
-StreamEvent = TextDelta | ReasoningDelta | ToolCallDelta | UsageReport | Finished | Waiting
+@dataclass(frozen=True)
+class PrefillProgress:
+    """kvserve's prefill counts (asked for with the `kvserve` extension's `prefill_progress`)."""
+
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_processed_tokens: int  # prompt tokens whose KV is ready, cached ones included
+    elapsed_s: float
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.num_processed_tokens / self.num_prompt_tokens) if self.num_prompt_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        computed = self.num_processed_tokens - self.num_cached_tokens
+        return computed / self.elapsed_s if self.elapsed_s > 0 and computed > 0 else None
+
+
+StreamEvent = TextDelta | ReasoningDelta | ToolCallDelta | UsageReport | Finished | Waiting | PrefillProgress
 
 
 @dataclass(frozen=True)

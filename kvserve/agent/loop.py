@@ -9,7 +9,7 @@ import enum
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvserve.agent import compaction, prompts
 from kvserve.agent.client import ModelError
@@ -212,16 +212,21 @@ class Agent:
         self.observer.on_generation_end(reply.usage)
         return reply
 
-    def _extension(self, kind: str) -> dict[str, str] | None:
+    def _extension(self, kind: str) -> dict[str, Any] | None:
         """Cache hints for kvserve (docs/agent.md): the server may checkpoint this session's prefix
-        (reason agent_session) and the system prompt (agent_system) so a resumed session skips prefill."""
+        (reason agent_session) and the system prompt (agent_system) so a resumed session skips prefill;
+        and prefill progress in the stream, for the status bar. A compaction summary's request is no
+        prefix of any later prompt, so it asks for no session checkpoint."""
         if not self.config.is_kvserve:
             return None
-        return {
+        extension: dict[str, Any] = {
             "session_id": self.session.name,
-            "checkpoint": "agent_session",
             "system_checkpoint": "agent_system",
+            "prefill_progress": True,
         }
+        if kind == "answer":
+            extension["checkpoint"] = "agent_session"
+        return extension
 
     # --- compaction ---------------------------------------------------------------------------
 

@@ -7,17 +7,35 @@ from typing import Any
 
 from kvserve.agent.events import (
     Finished,
+    PrefillProgress,
     ReasoningDelta,
     StreamEvent,
     TextDelta,
     ToolCallDelta,
     UsageReport,
+    Waiting,
 )
 from kvserve.agent.messages import Usage
+
+PROGRESS_COMMENT = "prefill_progress "
 
 
 class StreamError(Exception):
     """The server reported an error inside the stream."""
+
+
+def decode_comment(comment: str) -> StreamEvent:
+    """An SSE comment (the line after its colon): kvserve's prefill counts, else a keepalive."""
+    text = comment.strip()
+    if not text.startswith(PROGRESS_COMMENT):
+        return Waiting()
+    try:
+        counts = json.loads(text[len(PROGRESS_COMMENT) :])
+        return PrefillProgress(
+            int(counts["total"]), int(counts["cache"]), int(counts["processed"]), counts["time_ms"] / 1000
+        )
+    except (ValueError, KeyError, TypeError):  # another server's comment: still a sign of life
+        return Waiting()
 
 
 class OpenAIChatDecoder:

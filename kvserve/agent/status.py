@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvserve.agent.events import ReasoningDelta, StreamEvent, TextDelta, ToolCallDelta
+from kvserve.agent.events import PrefillProgress, ReasoningDelta, StreamEvent, TextDelta, ToolCallDelta
 from kvserve.agent.messages import Usage
 
 
@@ -19,6 +19,7 @@ class GenerationStats:
     num_deltas: int = 0  # until the usage arrives, one delta is about one token
     usage: Usage | None = None
     ended: float | None = None
+    prefill: PrefillProgress | None = None  # the server's latest prefill counts (kvserve only)
 
     def start(self) -> None:
         self.started, self.first_token, self.num_deltas, self.usage, self.ended = (
@@ -28,9 +29,12 @@ class GenerationStats:
             None,
             None,
         )
+        self.prefill = None
 
     def add(self, event: StreamEvent) -> None:
-        if isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):
+        if isinstance(event, PrefillProgress):
+            self.prefill = event
+        elif isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):
             if self.first_token is None:
                 self.first_token = self.clock()
             self.num_deltas += 1
@@ -53,6 +57,8 @@ class GenerationStats:
         return (self.num_generated - 1) / elapsed if elapsed > 0.05 and self.num_generated > 1 else None
 
     def prefill_text(self) -> str:
+        if self.first_token is None and self.prefill is not None:
+            return prefill_bar(self.prefill)
         if self.first_token is None:
             return f"prefill {self.clock() - self.started:.1f}s"
         seconds = self.first_token - self.started
@@ -60,6 +66,17 @@ class GenerationStats:
             return f"prefill {seconds:.1f}s"
         computed = self.usage.prompt_tokens - self.usage.cached_tokens
         return f"prefill {computed} tok @ {computed / seconds:.0f} t/s"
+
+
+def prefill_bar(progress: PrefillProgress, width: int = 12) -> str:
+    """`prefill [#####-------] 42% 1024/2437 @ 310 t/s`: the counts the server reported."""
+    filled = round(progress.fraction * width)
+    rate = progress.tokens_per_s
+    speed = f" @ {rate:.0f} t/s" if rate is not None else ""
+    return (
+        f"prefill [{'#' * filled}{'-' * (width - filled)}] {progress.fraction:.0%} "
+        f"{progress.num_processed_tokens}/{progress.num_prompt_tokens}{speed}"
+    )
 
 
 @dataclass

@@ -11,6 +11,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
+from kvserve.serving.events import PrefillProgress
+
 logger = logging.getLogger(__name__)
 
 DONE = "data: [DONE]\n\n"
@@ -30,6 +32,22 @@ def data_frame(payload: Any) -> str:
 
 def event_frame(name: str, payload: Any) -> str:
     return f"event: {name}\ndata: {dumps(payload)}\n\n"
+
+
+def prefill_comment(progress: PrefillProgress) -> str:
+    """A keepalive, or, when the request asked for progress, the counts as JSON in a comment
+    (`: prefill_progress {...}`): SSE parsers skip comments, so every protocol's stream stays
+    what its SDK expects. Field names follow llama-server's `prompt_progress`; `processed`
+    counts the prompt tokens whose KV is ready, cached ones included."""
+    if not progress.is_detailed:
+        return KEEPALIVE
+    counts = {
+        "total": progress.num_prompt_tokens,
+        "cache": progress.num_cached_tokens,
+        "processed": progress.num_computed_tokens,
+        "time_ms": round(progress.elapsed_s * 1000),
+    }
+    return f": prefill_progress {dumps(counts)}\n\n"
 
 
 class _ClientStalled(Exception):

@@ -150,12 +150,24 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class ServerHints:
+    """kvserve's own request extension (the `kvserve` field, sent by its agent): explicit disk
+    checkpoints of this request, and prefill progress in the stream."""
+
+    session_id: str | None = None
+    save_session: bool = False  # prompt + reply, reason agent_session
+    save_system: bool = False  # the system prompt + tools prefix, reason agent_system
+    prefill_progress: bool = False  # SSE comments with the prefill counts while the prompt prefills
+
+
+@dataclass(frozen=True)
 class GenerationOptions:
     """What every request carries, chat or raw prompt."""
 
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     stop: tuple[str, ...] = ()
     max_tokens: int | None = None  # None: up to the context limit
+    hints: ServerHints = field(default_factory=ServerHints)
 
 
 @dataclass(frozen=True)

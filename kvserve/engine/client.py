@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.core import EngineCore
 from kvserve.engine.outputs import EngineOutput
-from kvserve.engine.request import Request
+from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -63,12 +63,13 @@ class AsyncEngineClient:
         prompt_token_ids: list[int],
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        checkpoint_hint: CheckpointHint | None = None,
     ) -> AsyncIterator[EngineOutput]:
         """Stream one request's outputs; raises PromptTooLongError before queueing. `constraint`
         belongs to the engine thread from here on."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        request = self.core.make_request(request_id, prompt_token_ids, params, constraint)
+        request = self.core.make_request(request_id, prompt_token_ids, params, constraint, checkpoint_hint)
         outputs: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
         self._inbox.put(_Add(request, asyncio.get_running_loop(), outputs))
         finished = False

@@ -13,7 +13,7 @@ from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.disk_tier import DiskTier
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
-from kvserve.engine.request import Request
+from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
@@ -109,6 +109,7 @@ class EngineCore:
         prompt_token_ids: list[int],
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        checkpoint_hint: CheckpointHint | None = None,
     ) -> Request:
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
@@ -125,6 +126,7 @@ class EngineCore:
             arrival_time=time.monotonic(),
             max_model_len=self.max_model_len,
             constraint=constraint,
+            checkpoint_hint=checkpoint_hint,
         )
         # Checked here, on the caller's thread, so the error reaches it before queueing.
         limit = self.scheduler.token_limit(request)

@@ -6,7 +6,9 @@
   so the scheduler's ordinary prefix lookup then finds them.
 - Saves, copied out on the engine thread and written by the CheckpointWriter's thread:
   `cold` (first prefill without reuse, cut by the save policy), `continued` (absolute
-  frontiers), `evict` (a released sequence whose blocks are being reused), `shutdown`.
+  frontiers), `evict` (a released sequence whose blocks are being reused), `shutdown`, and
+  the explicit saves a request's CheckpointHint asks for (kvserve's agent): `agent_system`
+  (system prompt + tools, once prefilled) and `agent_session` (prompt + reply, at its finish).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from kvserve.kvstore import (
     continued_frontier,
 )
 from kvserve.kvstore.checkpoint import SaveReason
+from kvserve.kvstore.save_policy import system_cut
 
 logger = logging.getLogger(__name__)
 
@@ -201,11 +204,16 @@ class DiskTier:
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             request_id = request.request_id
+            hint = request.checkpoint_hint
             if request_id not in self._prefilled and request.num_computed_tokens >= request.num_prompt_tokens:
                 self._prefilled.add(request_id)
+                if hint is not None and hint.save_system:
+                    self._save_system(request)
                 if request.num_cached_tokens == 0:
                     self._save_cold(request)
             if request.is_finished:
+                if hint is not None and hint.save_session:  # (an aborted request is never scheduled)
+                    self._save_session(request, hint.session_id)
                 continue
             frontier = continued_frontier(
                 request.num_computed_tokens, self._last_frontier.get(request_id, 0), self.policy
@@ -236,6 +244,22 @@ class DiskTier:
         if cut >= self.policy.min_tokens:
             self._last_frontier[request.request_id] = max(cut, self._last_frontier.get(request.request_id, 0))
             self._save_request(request, cut, "cold")
+
+    def _save_system(self, request: Request) -> None:
+        """`agent_system`: the system prompt + tools, which every session of the agent repeats.
+        Stored once (the same text is the same checkpoint id), whatever the request hit."""
+        cut = system_cut(request.prompt_token_ids, self.turn_markers[0])
+        if cut is not None:
+            self._save_request(request, cut, "agent_system")
+
+    def _save_session(self, request: Request, session_id: str | None) -> None:
+        """`agent_session`: prompt and reply, since the session's next prompt starts with both."""
+        num_tokens = request.num_computed_tokens - request.num_computed_tokens % self.block_size
+        logger.info(
+            "request %s: agent_session checkpoint of session %s, %d tokens",
+            request.request_id, session_id or "?", num_tokens,
+        )  # fmt: skip
+        self._save_request(request, num_tokens, "agent_session")
 
     def _save_request(
         self, request: Request, num_tokens: int, reason: SaveReason, block: bool = False

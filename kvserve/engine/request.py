@@ -50,6 +50,18 @@ class Logprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(frozen=True)
+class CheckpointHint:
+    """A client's request (kvserve's agent) for explicit disk checkpoints of this request:
+    the system prompt + tools prefix (reason `agent_system`) once the prompt is prefilled, and
+    the whole sequence, prompt and reply, when it finishes (`agent_session`). Ignored without
+    a disk tier."""
+
+    session_id: str | None = None
+    save_system: bool = False
+    save_session: bool = False
+
+
 @dataclass
 class Request:
     request_id: str
@@ -66,6 +78,7 @@ class Request:
     max_model_len: int | None = None  # context limit; finishing with LENGTH when reached
     constraint: TokenConstraint | None = None  # grammar-constrained decoding; None: free
     error: str | None = None  # set with FINISHED_ERROR
+    checkpoint_hint: CheckpointHint | None = None  # explicit disk checkpoints (agent sessions)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -19,8 +19,14 @@ SAVE_REASONS: tuple[SaveReason, ...] = (
     "agent_system",
     "agent_session",
 )
-# Task-boundary checkpoints: the most likely to be reused, so eviction favours them.
-ANCHOR_REASONS: frozenset[SaveReason] = frozenset({"cold", "evict", "shutdown"})
+# Task-boundary checkpoints and the agent's explicit saves (the reference's anchors): the most
+# likely to be reused, so eviction favours them.
+ANCHOR_REASONS: frozenset[SaveReason] = frozenset(
+    {"cold", "evict", "shutdown", "agent_system", "agent_session"}
+)
+# Saved again and again as one sequence grows: an entry the incoming checkpoint extends is
+# redundant (its chunks are shared), so eviction takes it first.
+SUPERSEDED_REASONS: frozenset[SaveReason] = frozenset({"continued", "agent_session"})
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

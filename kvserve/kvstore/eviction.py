@@ -3,8 +3,9 @@
 score = (effective_hits + 1) x tokens / marginal_bytes, lowest evicted first, where
 effective_hits = hits x 2^(-age / half_life) (below 0.01 counts as 0) and marginal bytes
 are what deleting the entry actually frees: its manifest plus the chunks no other
-checkpoint (nor the incoming one) uses. Anchors (cold/evict/shutdown) score x2; a
-`continued` entry the incoming checkpoint extends scores x(0.05 + 0.45 h), h = eh/(eh+1).
+checkpoint (nor the incoming one) uses. Anchors (cold/evict/shutdown and the agent's
+agent_system/agent_session) score x2; a `continued` or `agent_session` entry the incoming
+checkpoint extends (an earlier state of the same sequence) scores x(0.05 + 0.45 h), h = eh/(eh+1).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from kvserve.kvstore.checkpoint import ANCHOR_REASONS, Checkpoint, SaveReason
+from kvserve.kvstore.checkpoint import ANCHOR_REASONS, SUPERSEDED_REASONS, Checkpoint, SaveReason
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class EvictionEntry:
     manifest_bytes: int
     chunk_keys: frozenset[str]
     is_protected: bool = False  # just loaded: the live sequence is built on it
-    is_superseded: bool = False  # a `continued` entry whose prefix the incoming store extends
+    is_superseded: bool = False  # a continued/agent_session entry whose prefix the incoming store extends
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def eviction_entries(
         meta = checkpoint.meta
         superseded = (
             incoming_key_at is not None
-            and meta.reason == "continued"
+            and meta.reason in SUPERSEDED_REASONS
             and meta.num_tokens < incoming_num_tokens
             and checkpoint.chunks[-1].key == incoming_key_at(meta.num_tokens)
         )
@@ -111,7 +112,7 @@ def eviction_score(entry: EvictionEntry, marginal_bytes: int, now: float, policy
     score = (eh + 1.0) * entry.num_tokens / max(1, marginal_bytes)
     if entry.reason in ANCHOR_REASONS:
         score *= policy.anchor_factor
-    if entry.is_superseded and entry.reason == "continued":
+    if entry.is_superseded and entry.reason in SUPERSEDED_REASONS:
         score *= 0.05 + 0.45 * (eh / (eh + 1.0))
     return score
 

@@ -60,6 +60,15 @@ def chat_anchor_pos(
     return users[-1] if users else None
 
 
+def system_cut(token_ids: Sequence[int], user_start: Sequence[int]) -> int | None:
+    """Length of the system prompt + tools prefix (`agent_system`): up to the first user-turn
+    start, or None when the template has no marker or the prompt no user turn."""
+    if not user_start:
+        return None
+    starts = _find(token_ids, user_start, 0, len(token_ids))
+    return starts[0] if starts else None
+
+
 def cold_store_len(num_tokens: int, policy: SavePolicy = DEFAULT_SAVE_POLICY) -> int:
     """Trim and align down (11011 -> 10240); short prompts are stored whole (1695 -> 1695)."""
     if num_tokens <= policy.min_tokens + policy.cold_trim_tokens:

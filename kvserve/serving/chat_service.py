@@ -11,9 +11,15 @@ import logging
 import uuid
 from array import array
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from kvserve.chat.conversation import ChatRequest, GenerationOptions, SamplingOptions, TextRequest
+from kvserve.chat.conversation import (
+    ChatRequest,
+    GenerationOptions,
+    SamplingOptions,
+    ServerHints,
+    TextRequest,
+)
 from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.render import ChatRenderer, ChatTemplateError
 from kvserve.chat.stop import StopMatcher
@@ -21,6 +27,7 @@ from kvserve.grammar.compiler import GrammarCompiler, tokenizer_factory
 from kvserve.reasoning import ReasoningSyntax
 from kvserve.serving.constraints import DecodingConstraints
 from kvserve.serving.engine_protocol import (
+    CheckpointHint,
     EngineClientProtocol,
     SamplingParams,
     SamplingParamsError,
@@ -77,6 +84,7 @@ class PreparedRequest:
     chat: ChatRequest | None = None  # None for raw-prompt completions: their output is not parsed
     prompt_text: str = ""  # the rendered prompt (chat requests)
     constraint: TokenConstraint | None = None  # grammar-constrained decoding (tool_choice, response_format)
+    hints: ServerHints = field(default_factory=ServerHints)  # the `kvserve` extension field
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -228,7 +236,9 @@ class ChatService:
         # A fresh suffix keeps engine ids unique even when a client reuses its x-request-id.
         engine_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if request_id else uuid.uuid4().hex
         params = params if max_tokens > 0 else None
-        return PreparedRequest(engine_id, token_ids, params, options.stop, chat, prompt_text)
+        return PreparedRequest(
+            engine_id, token_ids, params, options.stop, chat, prompt_text, hints=options.hints
+        )
 
     def _sampling_params(self, options: GenerationOptions, max_tokens: int) -> SamplingParams:
         s = options.sampling
@@ -281,7 +291,11 @@ class ChatService:
             return
         run = self._new_run(prepared)
         outputs = self.engine.generate(
-            prepared.request_id, prepared.prompt_token_ids, prepared.params, constraint=prepared.constraint
+            prepared.request_id,
+            prepared.prompt_token_ids,
+            prepared.params,
+            constraint=prepared.constraint,
+            checkpoint_hint=_checkpoint_hint(prepared.hints),
         )
         beats = with_heartbeat(outputs, self.keepalive_s)
         try:
@@ -311,7 +325,9 @@ class ChatService:
             if prepared.chat is None
             else self.segmenter_factory(prepared.chat, prepared.prompt_text),
         )
-        prefill = PrefillTracker(prepared.request_id, prepared.num_prompt_tokens)
+        prefill = PrefillTracker(
+            prepared.request_id, prepared.num_prompt_tokens, reports=prepared.hints.prefill_progress
+        )
         wants_logprobs = prepared.params.logprobs is not None
         token_texts = self.token_texts if wants_logprobs else None
         return GenerationRun(pipeline, prefill, token_texts, self.tokenizer.eos_token_ids)
@@ -346,6 +362,12 @@ class ChatService:
                 fingerprint=request_fingerprint(prepared.chat, prepared.chat.messages),
             )
         )
+
+
+def _checkpoint_hint(hints: ServerHints) -> CheckpointHint | None:
+    if not (hints.save_session or hints.save_system):
+        return None
+    return CheckpointHint(hints.session_id, save_system=hints.save_system, save_session=hints.save_session)
 
 
 async def _aclose(iterator: AsyncIterator[object]) -> None:

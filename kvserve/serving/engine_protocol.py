@@ -11,11 +11,12 @@ from typing import Any, Protocol
 
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.outputs import EngineOutput
+from kvserve.engine.request import CheckpointHint, Logprob
 from kvserve.engine.request import FinishReason as EngineFinishReason
-from kvserve.engine.request import Logprob
 from kvserve.engine.sampling_params import SamplingParams, SamplingParamsError
 
 __all__ = [
+    "CheckpointHint",
     "EngineClientProtocol",
     "EngineFinishReason",
     "EngineOutput",
@@ -40,6 +41,7 @@ class EngineClientProtocol(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        checkpoint_hint: CheckpointHint | None = None,
     ) -> AsyncIterator[EngineOutput]: ...
 
 

@@ -79,7 +79,9 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class PrefillProgress:
-    """Sent once per keepalive interval while the prompt prefills (encoders write an SSE keepalive).
+    """Sent once per keepalive interval while the prompt prefills (encoders write an SSE keepalive),
+    and after prefill chunks when the request asked for progress (`is_detailed`: encoders then
+    write the counts in an SSE comment, which every SDK skips).
 
     Counts are the engine's latest report; `num_computed_tokens` includes the cached prefix.
     """
@@ -88,6 +90,7 @@ class PrefillProgress:
     num_computed_tokens: int
     num_cached_tokens: int
     elapsed_s: float
+    is_detailed: bool = False
 
     @property
     def tokens_per_s(self) -> float:

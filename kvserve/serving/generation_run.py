@@ -50,8 +50,7 @@ class GenerationRun:
 
     def push(self, output: EngineOutput) -> list[GenerationEvent]:
         if is_prefill_progress(output):
-            self.prefill.update(output)
-            return []
+            return [self.prefill.progress()] if self.prefill.update(output) else []
         events: list[GenerationEvent] = []
         self.num_cache_write_tokens = max(self.num_cache_write_tokens, output.num_cache_write_tokens)
         if not self.prefill.is_done:

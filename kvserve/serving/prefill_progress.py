@@ -17,23 +17,41 @@ from kvserve.serving.events import PrefillProgress
 logger = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 2.0
+REPORT_INTERVAL_S = 0.25
 
 
 class PrefillTracker:
-    def __init__(self, request_id: str, num_prompt_tokens: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        request_id: str,
+        num_prompt_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
+        reports: bool = False,
+    ):
+        """`reports`: the client asked for prefill progress (the `kvserve` extension)."""
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.is_done = False
+        self.reports = reports
         self._clock = clock
         self._started = self._last_log = clock()
+        self._last_report = float("-inf")
 
-    def update(self, output: EngineOutput) -> None:
-        """A progress output: one more prefill chunk is done."""
+    def update(self, output: EngineOutput) -> bool:
+        """A progress output: one more prefill chunk is done. True when a progress report is due
+        (asked for, and none in the last REPORT_INTERVAL_S: a bar needs no more)."""
         self.num_computed_tokens = output.num_computed_tokens
         self.num_cached_tokens = output.num_cached_tokens
         now = self._clock()
+        is_due = self.reports and now - self._last_report >= REPORT_INTERVAL_S
+        if is_due:
+            self._last_report = now
+        self._log(now)
+        return is_due
+
+    def _log(self, now: float) -> None:
         if now - self._last_log >= LOG_INTERVAL_S:
             self._last_log = now
             progress = self.progress()
@@ -52,6 +70,7 @@ class PrefillTracker:
             self.num_computed_tokens,
             self.num_cached_tokens,
             self._clock() - self._started,
+            is_detailed=self.reports,
         )
 
     def finish(self, num_cached_tokens: int) -> None:

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.outputs import EngineOutput
-from kvserve.engine.request import FinishReason, Logprob
+from kvserve.engine.request import CheckpointHint, FinishReason, Logprob
 from kvserve.engine.sampling_params import SamplingParams
 
 SPECIAL_TOKENS = {"<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258}
@@ -115,6 +115,7 @@ class FakeEngine:
         self.requests: list[tuple[list[int], SamplingParams]] = []
         self.request_ids: list[str] = []
         self.constraints: list[TokenConstraint | None] = []  # per request, in order (not applied)
+        self.checkpoint_hints: list[CheckpointHint | None] = []  # per request, in order (no disk tier)
         self._history: list[list[int]] = []
 
     async def generate(
@@ -123,9 +124,11 @@ class FakeEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        checkpoint_hint: CheckpointHint | None = None,
     ) -> AsyncIterator[EngineOutput]:
         self.requests.append((list(prompt_token_ids), params))
         self.constraints.append(constraint)
+        self.checkpoint_hints.append(checkpoint_hint)
         self.request_ids.append(request_id)
         cached = self._cached_tokens(prompt_token_ids)
         tokens = self.script(prompt_token_ids) if callable(self.script) else list(self.script)

@@ -1,6 +1,6 @@
 """The interactive `kvserve agent` in a real pseudo-terminal (pexpect), against a scripted model behind
-the real kvserve app: banner, streamed Markdown with the status bar, Ctrl+C during a generation, a
-confirmed tool call, /quit, and the terminal settings as they were before it started."""
+the real kvserve app: banner, the prefill bar, streamed Markdown with the status bar, Ctrl+C during a
+generation, a confirmed tool call, /quit, and the terminal settings as they were before it started."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _spawn(url: str, work) -> pexpect.spawn:
 
 def test_interactive_session_streams_interrupts_confirms_and_restores_the_terminal(work) -> None:
     replies = ["Hello **world**, " * 300, tool_call("bash", command="echo from-bash"), "All done."]
-    with scripted_server(replies, token_delay_s=0.01) as server:
+    with scripted_server(replies, token_delay_s=0.01, num_prefill_chunks=4, chunk_delay_s=0.3) as server:
         child = _spawn(server.url, work)
         try:
             child.expect(STTY)
@@ -45,6 +45,8 @@ def test_interactive_session_streams_interrupts_confirms_and_restores_the_termin
             child.expect("kvserve agent · scripted · ctx 8192 · session pty")
             child.expect(">")
             child.send("say hello\r")
+            # the server's prefill counts (kvserve's progress comments) as a bar with a speed
+            child.expect(r"prefill \[[#-]{12}\] \d+% \d+/\d+ @ \d+ t/s")
             child.expect("world")  # streamed while the model is still generating
             child.expect(r"ctx \d+/8192 \| generation \d+ tokens \| [\d.]+ t/s \| cached \d+")
             time.sleep(0.5)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
+import queue
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -18,7 +21,14 @@ from kvserve.agent.workspace import ToolError
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 MAX_PAGE_CHARS = 32 << 10
+START_TIMEOUT_S = 20.0
 _LISTENING = re.compile(r"DevTools listening on (ws://[^\s]+)")
+
+
+def _pump(stream: Any, lines: queue.Queue[str]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put("")
 
 
 def find_browser() -> str | None:
@@ -32,26 +42,39 @@ class Browser:
         self.binary = binary
         self.process: subprocess.Popen | None = None
         self.http_base = ""
+        self.profile: str | None = None
 
     def start(self) -> None:
         if self.process is not None and self.process.poll() is None:
             return
-        profile = tempfile.mkdtemp(prefix="kvserve_agent_chromium_")
+        self.profile = profile = tempfile.mkdtemp(prefix="kvserve_agent_chromium_")
+        # Chromium refuses to run as root with its sandbox (containers, CI): drop it there only.
+        sandbox = ["--no-sandbox"] if os.geteuid() == 0 else []
         self.process = subprocess.Popen(
             [self.binary, "--headless=new", "--disable-gpu", "--no-first-run", "--remote-debugging-port=0",
-             f"--user-data-dir={profile}", "about:blank"],
+             *sandbox, f"--user-data-dir={profile}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         atexit.register(self.close)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            line = self.process.stderr.readline()
+        lines: queue.Queue[str] = queue.Queue()
+        # Chromium logs to stderr for as long as it runs: keep reading it, or a full pipe blocks it.
+        threading.Thread(target=_pump, args=(self.process.stderr, lines), daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        seen: list[str] = []
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
             if match := _LISTENING.search(line):
                 self.http_base = "http://" + match.group(1).split("/")[2]
                 return
-            if not line and self.process.poll() is not None:
+            if line == "":  # stderr closed: Chromium exited
                 break
-        raise ToolError("visit_page: Chromium did not start")
+            seen.append(line.strip())
+        self.close()
+        detail = next((line for line in reversed(seen) if line), "no output")
+        raise ToolError(f"visit_page: Chromium did not start ({detail[-300:]})")
 
     def page_text(self, url: str, timeout_s: float) -> str:
         from websockets.sync.client import connect
@@ -79,6 +102,9 @@ class Browser:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        if self.profile is not None:
+            shutil.rmtree(self.profile, ignore_errors=True)
+            self.profile = None
 
 
 class _Cdp:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from kvserve.api.anthropic_messages.schema import ContentBlock, MessageParam, MessagesRequest
 from kvserve.api.errors import ApiError, anthropic_error_body
+from kvserve.api.extension import server_hints
 from kvserve.api.request_fields import (
     arguments_text,
     image_part,
@@ -14,7 +15,7 @@ from kvserve.api.request_fields import (
     reasoning_from_effort,
     stop_list,
 )
-from kvserve.api.sse import KEEPALIVE, event_frame
+from kvserve.api.sse import KEEPALIVE, event_frame, prefill_comment
 from kvserve.chat.conversation import (
     ChatRequest,
     GenerationOptions,
@@ -66,6 +67,7 @@ def to_chat_request(wire: MessagesRequest) -> ChatRequest:
         sampling=SamplingOptions(temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k),
         stop=stop_list(wire.stop_sequences),
         max_tokens=max_tokens(wire.max_tokens, "max_tokens"),
+        hints=server_hints(wire.kvserve),
     )
     return ChatRequest(
         messages=tuple(messages),
@@ -278,6 +280,8 @@ class MessagesStreamEncoder:
             case Usage():
                 self._usage = event
                 return self._ensure_started()
+            case PrefillProgress(is_detailed=True):
+                return [prefill_comment(event)]
             case PrefillProgress():
                 return [event_frame("ping", {"type": "ping"})] if self._started else [KEEPALIVE]
             case ReasoningDelta(text):

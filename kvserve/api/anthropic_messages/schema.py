@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvserve.api.extension import KvserveExtension
 from kvserve.api.wire import WireModel
 
 
@@ -53,3 +54,4 @@ class MessagesRequest(WireModel):
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    kvserve: KvserveExtension | None = None  # kvserve's own extension (api/extension.py)

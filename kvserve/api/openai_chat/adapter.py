@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from kvserve.api.errors import ApiError
+from kvserve.api.extension import server_hints
 from kvserve.api.logprobs_json import token_logprob_json
 from kvserve.api.openai_chat.schema import ChatCompletionRequest, ChatMessage, ContentPart
 from kvserve.api.request_fields import (
@@ -19,7 +20,7 @@ from kvserve.api.request_fields import (
     stop_list,
     top_logprobs,
 )
-from kvserve.api.sse import DONE, KEEPALIVE, data_frame
+from kvserve.api.sse import DONE, data_frame, prefill_comment
 from kvserve.chat.conversation import (
     ChatRequest,
     GenerationOptions,
@@ -74,6 +75,7 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
         sampling=openai_sampling(wire, _logprobs(wire)),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(limit, "max_tokens"),
+        hints=server_hints(wire.kvserve),
     )
     return ChatRequest(
         messages=tuple(_message(m, i) for i, m in enumerate(wire.messages)),
@@ -263,7 +265,7 @@ class ChatStreamEncoder:
                 body = {"error": {"message": error, "type": "server_error", "param": None, "code": None}}
                 return [data_frame(body), DONE]
             case PrefillProgress():
-                return [KEEPALIVE]
+                return [prefill_comment(event)]
         return []
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvserve.api.extension import KvserveExtension
 from kvserve.api.wire import WireModel
 
 
@@ -81,3 +82,4 @@ class ChatCompletionRequest(WireModel):
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM style: {"enable_thinking": false}
     response_format: dict[str, Any] | None = None
     ignore_eos: bool = False
+    kvserve: KvserveExtension | None = None  # kvserve's own extension (api/extension.py)

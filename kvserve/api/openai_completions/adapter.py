@@ -6,10 +6,11 @@ import time
 from typing import Any
 
 from kvserve.api.errors import ApiError
+from kvserve.api.extension import server_hints
 from kvserve.api.openai_chat.adapter import usage_json
 from kvserve.api.openai_completions.schema import CompletionRequest
 from kvserve.api.request_fields import json_format, max_tokens, openai_sampling, stop_list, top_logprobs
-from kvserve.api.sse import DONE, KEEPALIVE, data_frame
+from kvserve.api.sse import DONE, data_frame, prefill_comment
 from kvserve.chat.conversation import GenerationOptions, TextRequest
 from kvserve.serving.events import (
     Failed,
@@ -40,6 +41,7 @@ def to_text_request(wire: CompletionRequest) -> TextRequest:
         sampling=openai_sampling(wire, top_logprobs(wire.logprobs, "logprobs")),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(wire.max_tokens, "max_tokens"),
+        hints=server_hints(wire.kvserve),
     )
     return TextRequest(prompt, options, json_format(wire.response_format, "response_format"))
 
@@ -114,7 +116,7 @@ class CompletionStreamEncoder:
                     DONE,
                 ]
             case PrefillProgress():
-                return [KEEPALIVE]
+                return [prefill_comment(event)]
         return []
 
     def _chunk(self, text: str, finish_reason: str | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvserve.api.extension import KvserveExtension
 from kvserve.api.openai_chat.schema import StreamOptions
 from kvserve.api.wire import WireModel
 
@@ -33,3 +34,4 @@ class CompletionRequest(WireModel):
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     response_format: dict[str, Any] | None = None  # vLLM's extension: json_object / json_schema
+    kvserve: KvserveExtension | None = None  # kvserve's own extension (api/extension.py)

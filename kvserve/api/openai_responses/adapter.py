@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from kvserve.api.errors import ApiError
+from kvserve.api.extension import server_hints
 from kvserve.api.openai_responses.schema import InputContent, InputItem, ResponsesRequest
 from kvserve.api.request_fields import (
     arguments_text,
@@ -83,6 +84,7 @@ def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) 
         ),
         stop=stop_list(wire.stop),
         max_tokens=max_tokens(wire.max_output_tokens, "max_output_tokens"),
+        hints=server_hints(wire.kvserve),
     )
     effort = wire.reasoning.effort if wire.reasoning else None
     text_format = (wire.text or {}).get("format")

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvserve.api.logprobs_json import token_logprob_json
 from kvserve.api.request_fields import new_id
-from kvserve.api.sse import KEEPALIVE, event_frame
+from kvserve.api.sse import event_frame, prefill_comment
 from kvserve.chat.conversation import Message, Part, ReasoningPart, TextPart, ToolCallPart, ToolSpec
 from kvserve.chat.tools import flat_tool_name, split_tool_name
 from kvserve.serving.events import (
@@ -180,7 +180,7 @@ class ResponsesEncoder:
                 self.status, self.error = "failed", {"code": "server_error", "message": error}
                 return frames + [self._frame("response.failed", response=self.response())]
             case PrefillProgress():
-                return [KEEPALIVE]
+                return [prefill_comment(event)]
         return []
 
     # -- items -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvserve.api.extension import KvserveExtension
 from kvserve.api.wire import WireModel
 
 
@@ -54,3 +55,4 @@ class ResponsesRequest(WireModel):
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = None
+    kvserve: KvserveExtension | None = None  # kvserve's own extension (api/extension.py)

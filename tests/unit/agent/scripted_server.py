@@ -50,10 +50,22 @@ class ScriptedServer:
 
 @contextlib.contextmanager
 def scripted_server(
-    replies: list[str], ctx: int = 8192, token_delay_s: float = 0.0, fail_after: int | None = None
+    replies: list[str],
+    ctx: int = 8192,
+    token_delay_s: float = 0.0,
+    fail_after: int | None = None,
+    num_prefill_chunks: int = 0,
+    chunk_delay_s: float = 0.0,
 ) -> Iterator[ScriptedServer]:
+    """`num_prefill_chunks` progress outputs `chunk_delay_s` apart before each reply's first token."""
     script = Script(list(replies))
-    engine = FakeEngine(script, token_delay_s=token_delay_s, fail_after=fail_after)
+    engine = FakeEngine(
+        script,
+        token_delay_s=token_delay_s,
+        fail_after=fail_after,
+        num_prefill_chunks=num_prefill_chunks,
+        chunk_delay_s=chunk_delay_s,
+    )
     syntax = OutputSyntax.detect(None, "hermes")
     service = ChatService(engine, FakeTokenizerInfo(), ctx, "scripted", segmenter_factory=syntax.segmenter)
     app = create_app(service, ApiSettings(served_model_name="scripted"))

@@ -19,6 +19,7 @@ from kvserve.agent.session import Session
 from kvserve.agent.toolbox import Toolbox
 from kvserve.agent.tools.base import ToolContext
 from kvserve.agent.workspace import Workspace
+from kvserve.engine.request import CheckpointHint
 from tests.unit.agent.scripted_server import SUMMARY, scripted_server, tool_call
 
 
@@ -142,7 +143,7 @@ def test_compaction_on_a_small_context(tmp_path: Path) -> None:
     (tmp_path / "big.txt").write_text("".join(f"filler line number {i:04}\n" for i in range(40)))
     replies = [r for i in range(8) for r in (tool_call("read", path="big.txt"), f"read {i}")]
     with scripted_server(replies, ctx=10_000) as server:
-        agent, recorder = make_agent(server.url, tmp_path, ctx=10_000, max_tokens=256)
+        agent, recorder = make_agent(server.url, tmp_path, ctx=10_000, max_tokens=256, is_kvserve=True)
         for i in range(8):
             assert agent.run_turn(f"turn {i}: read big.txt").text == f"read {i}"
             if agent.session.num_compactions:
@@ -159,6 +160,10 @@ def test_compaction_on_a_small_context(tmp_path: Path) -> None:
         assert "turn 0: read big.txt" in summary_prompt
         assert agent.run_turn("next").text == f"read {i + 1}"
         assert "turn 0" not in server.script.prompts[-1] and SUMMARY in server.script.prompts[-1]
+        # kvserve's cache hints: a session checkpoint for every answer, none for a summary
+        for prompt, hint in zip(server.script.prompts, server.engine.checkpoint_hints, strict=True):
+            is_summary = "context compaction request" in prompt.rsplit("<|im_start|>user", 1)[-1]
+            assert hint == CheckpointHint("t", save_system=True, save_session=not is_summary)
     assert any("compacting" in n for n in recorder.notices)
 
 

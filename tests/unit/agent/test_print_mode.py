@@ -49,6 +49,7 @@ def test_json_transcript_and_denied_tools(tmp_path, capsys, no_stdin) -> None:
     out, err = capsys.readouterr()
     transcript = json.loads(out)
     assert code == 0 and transcript["status"] == "done" and transcript["result"] == "It was denied."
+    assert transcript["error"] is None
     assert transcript["session"] == "s1" and transcript["usage"]["prompt_tokens"] > 0
     assert [m["role"] for m in transcript["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     assert "denied" in transcript["messages"][3]["content"]
@@ -86,5 +87,8 @@ def test_errors_exit_non_zero(tmp_path, capsys) -> None:
     with scripted_server(["x"]) as server:
         assert _run(_argv(server.url, tmp_path, "-p", "hi", "--temperature", "-3")) == 1
         assert "model error: HTTP 400" in capsys.readouterr().err
+        assert _run(_argv(server.url, tmp_path, "-p", "hi", "--temperature", "-3", "--json")) == 1
+        transcript = json.loads(capsys.readouterr().out)
+        assert transcript["status"] == "error" and "HTTP 400" in transcript["error"]
         with pytest.raises(SystemExit, match="no saved session"):
             main(_argv(server.url, tmp_path / "work", "-p", "hi", "-c"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvserve.agent.commands import Outcome, handle
-from kvserve.agent.events import TextDelta
+from kvserve.agent.events import PrefillProgress, TextDelta
 from kvserve.agent.messages import Usage
 from kvserve.agent.status import GenerationStats, StatusBar
 
@@ -29,6 +29,20 @@ def test_status_bar_text() -> None:
     assert "generation 21 tokens | 9.5 t/s" in bar.text()
     bar.stats.end(Usage(prompt_tokens=1100, completion_tokens=21, cached_tokens=1000))
     assert bar.text().endswith("prefill 100 tok @ 200 t/s")
+
+
+def test_the_prefill_bar_shows_the_servers_counts() -> None:
+    clock = Clock()
+    bar = StatusBar(8192, GenerationStats(clock))
+    bar.stats.start()
+    bar.stats.add(PrefillProgress(2000, 400, 1000, 2.0))  # 600 computed in 2 s
+    assert bar.text().endswith("prefill [######------] 50% 1000/2000 @ 300 t/s")
+    bar.stats.add(PrefillProgress(2000, 2000, 2000, 0.1))  # all cached: no speed to show
+    assert bar.text().endswith("prefill [############] 100% 2000/2000")
+    bar.stats.add(TextDelta("x"))  # the first token ends the prefill display
+    assert "prefill 0.0s" in bar.text()
+    bar.stats.start()
+    assert bar.stats.prefill is None  # a new generation starts without the last one's counts
 
 
 def test_cancelled_generations_have_no_usage() -> None:

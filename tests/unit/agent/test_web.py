@@ -17,7 +17,9 @@ def test_without_a_browser_there_is_no_visit_page(tmp_path, monkeypatch) -> None
     assert web_tools(ToolContext(Workspace.create(tmp_path))) == []
 
 
-@pytest.mark.skipif(find_browser() is None, reason="no Chromium installed")
+@pytest.mark.skipif(
+    find_browser() is None, reason="no Chromium on PATH (apt-get install chromium; .ci/run does)"
+)
 def test_visit_page_returns_the_text_of_a_page(tmp_path) -> None:
     from kvserve.agent.tools.base import Args
 
@@ -32,4 +34,5 @@ def test_visit_page_returns_the_text_of_a_page(tmp_path) -> None:
         text = tool.handler(Args("visit_page", {"url": f"http://127.0.0.1:{server.server_port}/"}))
         assert "Hello" in text and "from js" in text
     finally:
+        tool.handler.__self__.browser.close()  # the PageVisitor's
         server.shutdown()

@@ -113,3 +113,15 @@ def test_tool_call_arguments_split_anywhere_reassemble() -> None:
             reply.add(event)
         assert reply.message() == Message("assistant", "ab", "", (ToolCall("c1", "read", arguments),))
         assert reply.finish_reason == "tool_calls"
+
+
+def test_sse_comments_are_keepalives_or_kvserve_prefill_counts() -> None:
+    from kvserve.agent.events import PrefillProgress, Waiting
+    from kvserve.agent.sse_decode import decode_comment
+
+    counts = decode_comment(' prefill_progress {"total":900,"cache":100,"processed":612,"time_ms":1500}')
+    assert counts == PrefillProgress(900, 100, 612, 1.5)
+    assert counts.fraction == 612 / 900 and counts.tokens_per_s == 512 / 1.5
+    assert decode_comment(" keepalive") == Waiting()
+    assert decode_comment(" prefill_progress {broken") == Waiting()  # another server's comment
+    assert decode_comment(' prefill_progress {"total":1}') == Waiting()
