@@ -144,3 +144,19 @@ def test_regrade_reports_a_changed_grade() -> None:
         CaseStatus.PASSED,
         "85",
     )
+
+
+@pytest.mark.parametrize("parallel", [1, 3])
+async def test_parallel_is_the_number_of_requests_in_flight(parallel: int) -> None:
+    in_flight: list[int] = []
+
+    def script(prompt_ids: list[int]) -> list[int]:
+        in_flight.append(len(engine.running) + 1)  # called just before this request joins `running`
+        return reply("Answer: 85")
+
+    engine = FakeEngine(script, token_delay_s=0.05)  # 0.5 s a reply: the first ones overlap
+    service = ChatService(engine, FakeTokenizerInfo(), 2048, "fake")
+    with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (url, _):
+        results = await _run(url, list(SMOKE)[:5], parallel=parallel, retries=0)
+    assert len(in_flight) == 5 and all(r.status.is_done for r in results)
+    assert max(in_flight) == parallel
