@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -56,22 +57,32 @@ def test_a_suite_with_no_selected_case_is_left_out() -> None:
     assert list(summarize(RESULTS[:2], ["core", "tools"]).suites) == ["core"]
 
 
-def test_regrade_cli_prints_what_changed_and_writes_the_new_summary(
+def _regrade_cli(*argv: str) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["--log-level", "WARNING", "eval", "--regrade", *argv])
+    assert raised.value.code == 0
+
+
+def test_regrade_cli_prints_what_changed_and_writes_the_new_summary_and_trace(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    trace, summary_path = tmp_path / "run.jsonl", tmp_path / "again.json"
+    trace, summary_path, again = tmp_path / "run.jsonl", tmp_path / "again.json", tmp_path / "again.jsonl"
     writer = TraceWriter(trace, {"suites": ["core"]})
     stale = _result("core/arith-01", CaseStatus.FAILED, "Answer: x = 40 + 45 = 85", "40")
     stopped = CaseResult(BY_ID["core/arith-02"], CaseStatus.STOPPED, output=ModelOutput("Answer: 861"))
     for result in (stale, stopped, RESULTS[3]):
         writer.write(result)
     writer.close({"model": "m", "wall_s": 1.0})
-    with pytest.raises(SystemExit) as raised:
-        main(["--log-level", "WARNING", "eval", "--regrade", str(trace), "--json", str(summary_path)])
-    assert raised.value.code == 0
+    packed = tmp_path / "run.jsonl.gz"  # committed baselines are gzipped; --regrade reads them as they are
+    packed.write_bytes(gzip.compress(trace.read_bytes()))
+
+    _regrade_cli(str(packed), "--json", str(summary_path), "--trace", str(again))
     out = capsys.readouterr().out
     assert "changed core/arith-01: FAILED -> PASSED ('40' -> '85')" in out
     assert "regraded 2 cases: changed=1 not_graded=1" in out  # the STOPPED case is not re-graded
     summary = json.loads(summary_path.read_text())
-    assert summary["regraded_from"] == str(trace) and summary["model"] == "m"
+    assert summary["regraded_from"] == str(packed) and summary["model"] == "m"
     assert summary["suites"]["core"] == {**summary["suites"]["core"], "passed": 2, "stopped": 1}
+
+    _regrade_cli(str(again))  # the re-graded trace holds today's grades: nothing changes again
+    assert "regraded 2 cases: changed=0 not_graded=1" in capsys.readouterr().out
