@@ -2,7 +2,7 @@
 
 Hardened like the reference's ds4-eval (seed §5) against the false negatives that naive rules give:
 - the answer line is the last line that starts with `Answer:` (the format every prompt asks for),
-  else the first line mentioning "answer" that yields a value, else the whole text's last value;
+  else the first line mentioning "answer" that yields a value, else a fallback per kind (below);
 - on that line a capital letter that starts a word of prose ("I think", "I'll", "A careful") is not
   a choice, unless nothing else on the line is (then a reverse scan takes it: "Answer: I."); with no
   answer line at all, prose capitals are never a choice ("A rectangle is 5 cm long" names no option);
@@ -105,7 +105,7 @@ def answer_regions(text: str) -> Iterator[str]:
 
 
 def _unless_placeholder(region: str) -> str:
-    """ "<answer>" is the prompt's format echoed back, not an answer: an empty region instead."""
+    """The prompt's format echoed back ("<answer>") is not an answer: an empty region instead."""
     return "" if _PLACEHOLDER.fullmatch(region) else region
 
 
