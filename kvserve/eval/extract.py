@@ -15,8 +15,9 @@ Hardened like the reference's ds4-eval (seed §5) against the false negatives th
   ("m+n = 256+37 = 293" -> 293); leading zeros are dropped ("082" -> 82).
 
 Rules for replies without an answer line, each from a mistake seen in a real trace:
-- two or more consecutive lines copied from the prompt (the passage or the option list echoed back)
-  are not the answer (`without_echo`; one copied line is: "D. Wednesday" names option D);
+- two or more lines copied from the prompt in its own order (the passage or the option list echoed
+  back) are not the answer (`without_echo`); one copied line is ("D. Wednesday" names option D),
+  and so are lines picked out of order ("1. ..." and "5. ..." name lines 1 and 5);
 - a choice: a reply naming exactly one option by its text and none by letter chose that option
   ("... = 15 square centimeters" with "B. 15");
 - an integer: the last line with a number decides, by the same `=` rule (its stated result may be no
@@ -68,20 +69,26 @@ def visible_text(text: str) -> str:
 
 
 def without_echo(text: str, prompt: str) -> str:
-    """The reply minus every run of two or more consecutive non-empty lines that are lines of the
-    prompt (blank lines do not break a run): an echoed passage or option list is not an answer."""
-    prompt_lines = {line.strip() for line in prompt.splitlines() if line.strip()}
+    """The reply minus every stretch of two or more lines copied from the prompt in the prompt's own
+    order (consecutive prompt lines; blank lines aside): an echoed passage or option list is not an
+    answer, while quoting chosen lines ("1. ...", then "5. ...") is."""
+    position: dict[str, int] = {}
+    for i, line in enumerate(line.strip() for line in prompt.splitlines() if line.strip()):
+        position.setdefault(line, i)
     lines = text.splitlines()
     dropped: set[int] = set()
-    run: list[int] = []
+    run: list[int] = []  # reply line numbers of the current stretch
+    previous: int | None = None  # the prompt position of the last non-empty reply line
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        if line.strip() in prompt_lines:
+        at = position.get(line.strip())
+        if at is not None and previous is not None and run and at == previous + 1:
             run.append(i)
         else:
             dropped |= _echo_run(run)
-            run = []
+            run = [i] if at is not None else []
+        previous = at
     dropped |= _echo_run(run)
     return "\n".join(line for i, line in enumerate(lines) if i not in dropped)
 

@@ -101,6 +101,10 @@ def test_an_echoed_prompt_is_not_the_answer() -> None:
         without_echo("2. Bo is 9.\nBo is older.\n1. Ann is 7.", prompt)
         == "2. Bo is 9.\nBo is older.\n1. Ann is 7."
     )
+    assert (
+        without_echo("2. Bo is 9.\n1. Ann is 7.", prompt) == "2. Bo is 9.\n1. Ann is 7."
+    )  # picked, not echoed
+    assert without_echo("1. Ann is 7.\nA. 7", prompt) == "1. Ann is 7.\nA. 7"  # not neighbours in the prompt
 
 
 def test_the_prompts_placeholder_is_no_answer() -> None:

@@ -102,6 +102,9 @@ OPTIONS_COPIED = (
 PASSAGE_COPIED = "\n".join(
     line for line in CASES["core/reading-03"].prompt.splitlines() if line[:1].isdigit()
 )
+HARBOR_LINES_QUOTED = "\n".join(
+    line for line in CASES["core/reading-04"].prompt.splitlines() if line.startswith(("1.", "5."))
+)
 PASSAGE_AND_FORMAT_COPIED = (
     "\n".join(line for line in CASES["core/reading-10"].prompt.splitlines() if line[:1].isdigit())
     + "\n\nFinish with a line of the form `Answer: <answer>`."
@@ -117,6 +120,7 @@ PASSAGE_AND_FORMAT_COPIED = (
         ("core/choice-05", OPTIONS_COPIED, CaseStatus.FAILED, ""),  # was D, the copy's last line
         ("core/choice-13", "D. Wednesday", CaseStatus.FAILED, "D"),  # one copied option line is a choice
         ("core/reading-03", PASSAGE_COPIED, CaseStatus.FAILED, ""),  # was line 8, the copy's last number
+        ("core/reading-04", HARBOR_LINES_QUOTED, CaseStatus.PASSED, "5"),  # quoting lines is no echo
         ("core/reading-10", PASSAGE_AND_FORMAT_COPIED, CaseStatus.FAILED, ""),  # was '<answer>'
         ("core/units-01", "3.5 is equal to 3.5 * 60 = 21.5 minutes.", CaseStatus.FAILED, ""),  # was 60
     ],
