@@ -37,7 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--regrade", metavar="TRACE", help="re-grade the PASSED/FAILED cases of a trace file")
     g.add_argument("--url", help="evaluate this server instead of starting the engine in-process")
     g.add_argument("--plain", action="store_true", help="no TUI: one line per case (default without a TTY)")
-    g.add_argument("--trace", metavar="PATH", help="write every case (prompt, output, grade) as JSONL here")
+    g.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="write every case (prompt, output, grade) as JSONL here (with --regrade: the re-graded cases)",
+    )
     g.add_argument("--json", metavar="PATH", help="write the summary as JSON here ('-' for stdout)")
     g.add_argument("--parallel", type=_positive, default=4, help="requests in flight (default 4)")
     g.add_argument("--retries", type=int, default=1, help="extra attempts for ERROR/INCOMPLETE cases")
@@ -185,7 +189,7 @@ def _report(
 
 def _regrade(path: Path, args: argparse.Namespace) -> int:
     from kvserve.eval.sandbox import SandboxLimits
-    from kvserve.eval.trace import read_trace, regrade
+    from kvserve.eval.trace import TraceWriter, read_trace, regrade
 
     try:
         header, results = read_trace(path)
@@ -200,6 +204,11 @@ def _regrade(path: Path, args: argparse.Namespace) -> int:
         )
     graded = len(results) - outcome.num_not_graded
     print(f"regraded {graded} cases: changed={len(outcome.changes)} not_graded={outcome.num_not_graded}")
+    if args.trace:  # the same outputs under today's grades: a new baseline that re-grades unchanged
+        writer = TraceWriter(Path(args.trace), {**header, "regraded_from": str(path)})
+        for result in outcome.results:
+            writer.write(result)
+        writer.close()
     suites = tuple(header.get("suites") or sorted({s for r in results for s in r.case.suites}))
     _report(outcome.results, suites, {**header, "regraded_from": str(path)}, args.json)
     return 0

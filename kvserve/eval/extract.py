@@ -2,13 +2,27 @@
 
 Hardened like the reference's ds4-eval (seed §5) against the false negatives that naive rules give:
 - the answer line is the last line that starts with `Answer:` (the format every prompt asks for),
-  else the first line mentioning "answer" that yields a value, else the whole text's last value;
+  else the first line mentioning "answer" that yields a value, else a fallback per kind (below);
 - on that line a capital letter that starts a word of prose ("I think", "I'll", "A careful") is not
-  a choice, unless nothing else on the line is (then a reverse scan takes it: "Answer: I.");
+  a choice, unless nothing else on the line is (then a reverse scan takes it: "Answer: I."); with no
+  answer line at all, prose capitals are never a choice ("A rectangle is 5 cm long" names no option);
+  a letter the line states as the answer is not prose ("A is correct");
+- an answer that is only the prompt's own placeholder ("Answer: <answer>", the instruction echoed
+  back) is no answer;
 - a letter right after a negation cue (not, n't, rule(s/d) out, eliminate, reject, except) is a
   distractor, judged within the answer line only, never across lines ("Answer: D, not B" -> D);
 - an integer answer line showing its working takes the value after the last `=`
   ("m+n = 256+37 = 293" -> 293); leading zeros are dropped ("082" -> 82).
+
+Rules for replies without an answer line, each from a mistake seen in a real trace:
+- two or more lines copied from the prompt in its own order (the passage or the option list echoed
+  back) are not the answer (`without_echo`); one copied line is ("D. Wednesday" names option D),
+  and so are lines picked out of order ("1. ..." and "5. ..." name lines 1 and 5);
+- a choice: a reply naming exactly one option by its text and none by letter chose that option
+  ("... = 15 square centimeters" with "B. 15");
+- an integer: the last line with a number decides, by the same `=` rule (its stated result may be no
+  integer: "3.5 * 60 = 21.5 minutes" is none), and with no digit at all a number word counts ("runs
+  twice a day" -> 2).
 """
 
 from __future__ import annotations
@@ -24,6 +38,18 @@ _WORD = re.compile(r"[A-Za-z']+|[’]")
 _INT = re.compile(r"(?<![\w.])([-−]?)(\d{1,3}(?:,\d{3})+|\d+)(?:\.0+)?(?![\w.]*\d)")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d+)\s*(?:-|–|to)\s*(\d+)|(\d+)")
+_PLACEHOLDER = re.compile(r"[\s`*\"'(]*<[^<>\n]{1,60}>[\s`*\"').]*")
+_COPULA = re.compile(r"\s+(?:is|was|seems|looks|appears|fits)\b")
+_NUMBER = re.compile(r"\d")
+_WORDS_0_TO_20 = (
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+    "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty",
+)  # fmt: skip
+_NUMBER_WORDS = {word: value for value, word in enumerate(_WORDS_0_TO_20)} | {
+    "once": 1,
+    "twice": 2,
+    "thrice": 3,
+}
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _FILLER = frozenset({"option", "options", "choice", "choices", "letter", "answer"})
 _NEGATIONS = frozenset({"not", "except", "excluding", "eliminate", "eliminates", "eliminated", "reject"})
@@ -42,6 +68,35 @@ def visible_text(text: str) -> str:
     return tail if sep else head
 
 
+def without_echo(text: str, prompt: str) -> str:
+    """The reply minus every stretch of two or more lines copied from the prompt in the prompt's own
+    order (consecutive prompt lines; blank lines aside): an echoed passage or option list is not an
+    answer, while quoting chosen lines ("1. ...", then "5. ...") is."""
+    position: dict[str, int] = {}
+    for i, line in enumerate(line.strip() for line in prompt.splitlines() if line.strip()):
+        position.setdefault(line, i)
+    lines = text.splitlines()
+    dropped: set[int] = set()
+    run: list[int] = []  # reply line numbers of the current stretch
+    previous: int | None = None  # the prompt position of the last non-empty reply line
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        at = position.get(line.strip())
+        if at is not None and previous is not None and run and at == previous + 1:
+            run.append(i)
+        else:
+            dropped |= _echo_run(run)
+            run = [i] if at is not None else []
+        previous = at
+    dropped |= _echo_run(run)
+    return "\n".join(line for i, line in enumerate(lines) if i not in dropped)
+
+
+def _echo_run(run: list[int]) -> set[int]:
+    return set(range(run[0], run[-1] + 1)) if len(run) >= 2 else set()
+
+
 def answer_regions(text: str) -> Iterator[str]:
     """Candidate answer regions, best first: the text after the marker on `Answer:` lines (last line
     first; a bare `Answer:` takes the next non-empty line), then after "answer is"/"answer:" on
@@ -50,10 +105,15 @@ def answer_regions(text: str) -> Iterator[str]:
     for i in reversed(range(len(lines))):
         if m := _LEADING_MARKER.match(lines[i]):
             rest = lines[i][m.end() :]
-            yield rest if rest.strip() else _next_content_line(lines[i + 1 :])
+            yield _unless_placeholder(rest if rest.strip() else _next_content_line(lines[i + 1 :]))
     for line in lines:
         if not _LEADING_MARKER.match(line) and (m := _ANY_MARKER.search(line)):
-            yield line[m.end() :]
+            yield _unless_placeholder(line[m.end() :])
+
+
+def _unless_placeholder(region: str) -> str:
+    """The prompt's format echoed back ("<answer>") is not an answer: an empty region instead."""
+    return "" if _PLACEHOLDER.fullmatch(region) else region
 
 
 def _next_content_line(lines: list[str]) -> str:
@@ -73,18 +133,33 @@ def has_answer(text: str) -> bool:
 # --- multiple choice -------------------------------------------------------------------------------
 
 
-def find_letter(text: str, num_choices: int) -> str | None:
-    """The chosen letter among the first `num_choices` (A..), or None."""
+def find_letter(text: str, num_choices: int, choices: tuple[str, ...] = ()) -> str | None:
+    """The chosen letter among the first `num_choices` (A..), or None. `choices` (the options'
+    texts) lets a reply that names an option only by its text count."""
     last = chr(ord("A") + num_choices - 1)
-    for region in answer_regions(text):
+    regions = list(answer_regions(text))
+    for region in regions:
         if letter := _scan_forward(region, last) or _scan_backward(region, last, prose_guard=False):
             return letter
     lines = visible_text(text).splitlines()
-    for prose_guard in (True, False):
-        for line in reversed(lines):
-            if letter := _scan_backward(line, last, prose_guard):
-                return letter
-    return None
+    for line in reversed(lines):
+        if letter := _scan_backward(line, last, prose_guard=True):
+            return letter
+    stated = [r for r in regions if r.strip()] or [line for line in lines if line.strip()][-1:]
+    return next((letter for r in stated if (letter := _choice_named(r, choices))), None)
+
+
+def _choice_named(region: str, choices: tuple[str, ...]) -> str | None:
+    """The letter of the one option whose text appears in `region` as whole words, or None (none or
+    several do; one-letter options are left out: they would match stray letters)."""
+    text = region.casefold()
+    named = [
+        chr(ord("A") + i)
+        for i, choice in enumerate(choices)
+        if len(option := normalize(choice)) > 1 or option.isdigit()
+        if re.search(rf"(?<![\w^.]){re.escape(option)}(?![\w^]|\.\d)", text)
+    ]
+    return named[0] if len(named) == 1 else None
 
 
 def _scan_forward(region: str, last: str) -> str | None:
@@ -104,8 +179,11 @@ def _scan_backward(region: str, last: str, prose_guard: bool) -> str | None:
 
 
 def _is_prose(region: str, end: int) -> bool:
-    """A capital that begins prose: "I'll", "I think", "A careful reading"."""
+    """A capital that begins prose: "I'll", "I think", "A careful reading" (but "A is correct"
+    states a choice: neither the pronoun nor the article is followed by "is")."""
     rest = region[end:]
+    if _COPULA.match(rest):
+        return False
     return rest[:1] in ("'", "’") or bool(re.match(r"\s+[a-z]", rest))
 
 
@@ -145,15 +223,30 @@ def _integer_in(region: str) -> int | None:
     return _int_value(m) if m else None
 
 
+def _number_word_in(region: str) -> int | None:
+    """The value of the one number word in a region without digits ("twice a day" -> 2), or None."""
+    if _NUMBER.search(region):
+        return None
+    values = {_NUMBER_WORDS[w] for w in re.findall(r"[a-z]+", region.lower()) if w in _NUMBER_WORDS}
+    return values.pop() if len(values) == 1 else None
+
+
 def find_integer(text: str) -> int | None:
     for region in answer_regions(text):
-        if (value := _integer_in(region)) is not None:
+        if (value := _integer_in(region)) is not None or (value := _number_word_in(region)) is not None:
             return value
     visible = visible_text(text)
     for boxed in reversed(_BOXED.findall(visible)):
         if (value := _integer_in(boxed)) is not None:
             return value
-    found = list(_INT.finditer(visible))
+    lines = [line for line in visible.splitlines() if line.strip()]
+    numbered = [line for line in lines if _NUMBER.search(line)]
+    if not numbered:
+        return _number_word_in(lines[-1]) if lines else None
+    last = numbered[-1]  # the reply's last stated number: its result if it shows working, else its last
+    if "=" in last:
+        return _integer_in(last)
+    found = list(_INT.finditer(last))
     return _int_value(found[-1]) if found else None
 
 

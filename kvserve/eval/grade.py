@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from kvserve.eval import extract
 from kvserve.eval.cases import AnswerKind, EvalCase
+from kvserve.eval.prompts import user_text
 from kvserve.eval.sandbox import DEFAULT_LIMITS, SandboxLimits, run_python
 
 
@@ -59,10 +60,11 @@ def grade(case: EvalCase, output: ModelOutput, limits: SandboxLimits = DEFAULT_L
         return _grade_code(case, output, limits)
     if case.kind is AnswerKind.TOOL_CALL:
         return _grade_tool_call(case, output)
-    if output.is_truncated and not extract.has_answer(output.content):
+    content = extract.without_echo(output.content, user_text(case))
+    if output.is_truncated and not extract.has_answer(content):
         # A cut-off text's last number or letter is whatever it was saying, not an answer.
         return Grade(CaseStatus.INCOMPLETE, "", "ran out of tokens before an answer")
-    readings = _extract(case, output.content)
+    readings = _extract(case, content)
     if not readings:
         return Grade(CaseStatus.FAILED, "", "no answer found")
     for found in readings:
@@ -81,7 +83,7 @@ def _extract(case: EvalCase, text: str) -> list[object]:
         return list(extract.sequence_candidates(text))
     found: object | None
     if kind is AnswerKind.CHOICE:
-        found = extract.find_letter(text, len(case.choices))
+        found = extract.find_letter(text, len(case.choices), case.choices)
     elif kind is AnswerKind.INTEGER:
         found = extract.find_integer(text)
     else:

@@ -36,6 +36,10 @@ EXTRACTOR_CASES: tuple[ExtractorCase, ...] = (
     ExtractorCase("rules out", "Answer: rules out C, leaving D", AnswerKind.CHOICE, "D"),
     ExtractorCase("n't", "Answer: it isn't A; choose (B)", AnswerKind.CHOICE, "B", 4),
     ExtractorCase("eliminate", "Answer: eliminate option A and pick C", AnswerKind.CHOICE, "C", 4),
+    # The issue's own examples, with no "Answer:" line: "answer is" and the last-letter fallback.
+    ExtractorCase("not, no marker", "It is not B, the answer is D", AnswerKind.CHOICE, "D"),
+    ExtractorCase("rules out, no marker", "rules out C, leaving D", AnswerKind.CHOICE, "D"),
+    ExtractorCase("guard: the answer is D, not B", "The answer is D, not B", AnswerKind.CHOICE, "D"),
     # ...judged on the answer line only: the first real choice wins, a later negation cannot steal it.
     ExtractorCase("guard: D, not B", "Answer: D, not B", AnswerKind.CHOICE, "D"),
     ExtractorCase("guard: no look-back across lines", "It is not\nAnswer: B", AnswerKind.CHOICE, "B", 4),
@@ -52,6 +56,8 @@ EXTRACTOR_CASES: tuple[ExtractorCase, ...] = (
     # Integers: the value after the last '=' on the answer line; leading zeros dropped.
     ExtractorCase("equation", "Answer: m+n = 256+37 = 293", AnswerKind.INTEGER, 293),
     ExtractorCase("leading zeros", "Final answer: 082", AnswerKind.INTEGER, 82),
+    ExtractorCase("equation, no marker", "m+n = 256+37 = 293", AnswerKind.INTEGER, 293),
+    ExtractorCase("leading zeros, bare", "082", AnswerKind.INTEGER, 82),
     ExtractorCase("first integer on the line", "Answer: 17 apples (from 3 boxes)", AnswerKind.INTEGER, 17),
     ExtractorCase("answer line only", "Answer: 12\nChecked in 2024 by 3 people.", AnswerKind.INTEGER, 12),
     ExtractorCase("negative", "The answer is -40.", AnswerKind.INTEGER, -40),

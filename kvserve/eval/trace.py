@@ -3,6 +3,7 @@ extracted answer, status), written as cases finish; `regrade` re-grades one with
 
 from __future__ import annotations
 
+import gzip
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,10 +37,14 @@ class TraceWriter:
 
 def read_trace(path: Path) -> tuple[dict[str, Any], list[CaseResult]]:
     """The run header (with the end record's fields) and the last result of each case (a case run
-    again in the TUI appears twice)."""
+    again in the TUI appears twice). A `.gz` trace is read as gzip (committed baselines are)."""
     header: dict[str, Any] = {}
     results: dict[str, CaseResult] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    if path.suffix == ".gz":
+        text = gzip.decompress(path.read_bytes()).decode("utf-8")
+    else:
+        text = path.read_text(encoding="utf-8")
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -27,6 +27,9 @@ def test_list_cases_with_filters(capsys: pytest.CaptureFixture[str]) -> None:
     main(["eval", "--list-cases", "--suite", "core,tools", "--domain", "units", "--case-id", "core/units-04"])
     (line,) = capsys.readouterr().out.splitlines()
     assert line.split()[:3] == ["core/units-04", "integer", "units"]
+    main(["eval", "--list-cases", "--suite", "core,tools,humaneval", "--source", "kvserve-tools"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 8 and all(line.startswith("tools/") for line in lines)
 
 
 @pytest.mark.parametrize(

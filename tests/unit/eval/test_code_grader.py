@@ -83,3 +83,16 @@ def test_network_processes_and_outside_writes_are_refused(code: str, blocked: st
 
 def test_writes_inside_the_work_directory_are_allowed() -> None:
     assert run_python("open('scratch.txt', 'w').write('ok')\nimport os\nos.remove('scratch.txt')").is_passed
+
+
+def test_each_run_gets_a_fresh_temporary_directory_that_is_removed() -> None:
+    """The work directory is new per run (nothing a previous answer wrote is visible) and private."""
+    probe = (
+        "import os, stat\n"
+        "assert os.path.basename(os.getcwd()).startswith('kvserve-eval-'), os.getcwd()\n"
+        "assert sorted(os.listdir('.')) == ['program.py'], os.listdir('.')\n"
+        "assert stat.S_IMODE(os.stat('.').st_mode) == 0o700\n"
+        "open('left-behind.txt', 'w').write('x')\n"
+    )
+    first, second = run_python(probe), run_python(probe)
+    assert first.is_passed and second.is_passed, (first.detail, second.detail)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.eval.extract import find_integer, find_letter, parse_integer, parse_line_set, visible_text
+from kvserve.eval.extract import (
+    find_integer,
+    find_letter,
+    find_string,
+    has_answer,
+    parse_integer,
+    parse_line_set,
+    visible_text,
+    without_echo,
+)
 from kvserve.eval.selftest import EXTRACTOR_CASES, ExtractorCase, extract, run_self_test
 
 
@@ -61,3 +70,55 @@ def test_line_sets() -> None:
 def test_reasoning_before_think_close_is_not_the_answer() -> None:
     assert visible_text("<think>Answer: 1</think>Answer: 2") == "Answer: 2"
     assert find_integer("<think>Answer: 1</think>Answer: 2") == 2
+
+
+def test_prose_capitals_are_never_a_choice_without_an_answer_line() -> None:
+    # The old last resort took the article: "A rectangle ..." -> A.
+    assert find_letter("A rectangle is 5 cm long, so the area is 15.", 4) is None
+    assert find_letter("I would go with the second one.", 10) is None
+    assert find_letter("Looking again, A is correct.", 4) == "A"  # a letter stated as the answer
+    assert find_letter("Answer: A is correct", 4) == "A"
+
+
+def test_a_choice_named_only_by_its_text() -> None:
+    choices = ("8", "15", "16", "30")
+    assert find_letter("So the area is 5 cm * 3 cm = 15 square centimeters.", 4, choices) == "B"
+    assert find_letter("It is 15 or 16.", 4, choices) is None  # two options named: no choice
+    assert find_letter("It is 1.5 or 150.", 4, choices) is None  # "15" inside other numbers
+    assert find_letter("C. 15", 4, choices) == "C"  # a letter wins over the text
+    assert find_letter("The answer is carbon dioxide.", 4, ("oxygen", "carbon dioxide", "N", "He")) == "B"
+    assert find_letter("I think n is right", 4, ("o", "n", "h", "c")) is None  # one-letter options
+
+
+def test_an_echoed_prompt_is_not_the_answer() -> None:
+    prompt = (
+        "Read this.\n\n1. Ann is 7.\n2. Bo is 9.\n\nChoices:\nA. 7\nB. 9\n\nFinish with `Answer: <letter>`."
+    )
+    assert without_echo("1. Ann is 7.\n2. Bo is 9.", prompt) == ""
+    assert without_echo("A. 7\n\nB. 9\nSo it is B.", prompt) == "So it is B."  # blank lines keep a run
+    assert without_echo("B. 9", prompt) == "B. 9"  # one copied line names an option: kept
+    assert (
+        without_echo("2. Bo is 9.\nBo is older.\n1. Ann is 7.", prompt)
+        == "2. Bo is 9.\nBo is older.\n1. Ann is 7."
+    )
+    assert (
+        without_echo("2. Bo is 9.\n1. Ann is 7.", prompt) == "2. Bo is 9.\n1. Ann is 7."
+    )  # picked, not echoed
+    assert without_echo("1. Ann is 7.\nA. 7", prompt) == "1. Ann is 7.\nA. 7"  # not neighbours in the prompt
+
+
+def test_the_prompts_placeholder_is_no_answer() -> None:
+    assert not has_answer("Finish with a line of the form `Answer: <answer>`.")
+    assert find_string("Answer: <answer>") is None
+    assert find_letter("Answer: <letter>\nI pick C", 4) == "C"
+    assert find_integer("Answer: <integer>\nIt is 12.") == 12
+
+
+def test_integer_fallback_reads_the_last_line_with_a_number() -> None:
+    assert find_integer("3.5 is equal to 3.5 * 60 = 21.5 minutes.") is None  # the result is no integer
+    assert find_integer("47 + 38 = 85\nThat is the sum.") == 85
+    assert find_integer("First 3, then 4, so 7 in all.") == 7
+    assert find_integer("The ferry runs twice a day in summer.") == 2  # no digit: a number word
+    assert find_integer("Answer: three") == 3
+    assert find_integer("It runs twice, maybe three times.") is None  # two number words: no answer
+    assert find_integer("It runs twice, on line 6.") == 6  # a digit beats number words

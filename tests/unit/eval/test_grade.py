@@ -88,3 +88,43 @@ def test_one_right_call_among_several_passes() -> None:
     case: EvalCase = CASES["tools/pick-time"]
     assert case.kind is AnswerKind.TOOL_CALL
     assert grade(case, ModelOutput("", tool_calls=(wrong, right))).status is CaseStatus.PASSED
+
+
+# SmolLM2's replies from the baseline trace that the extractors first read wrong (docs/evals.md).
+AREA = (
+    "A rectangle is 5 cm long and 3 cm wide. To find the area, you multiply the length by the width. "
+    "So, the area is 5 cm * 3 cm = 15 square centimeters."
+)
+OPTIONS_COPIED = (
+    "A. All lazzies are bloops\nB. All bloops are lazzies\nC. No bloops are lazzies\n"
+    "D. Some razzies are not bloops"
+)
+PASSAGE_COPIED = "\n".join(
+    line for line in CASES["core/reading-03"].prompt.splitlines() if line[:1].isdigit()
+)
+HARBOR_LINES_QUOTED = "\n".join(
+    line for line in CASES["core/reading-04"].prompt.splitlines() if line.startswith(("1.", "5."))
+)
+PASSAGE_AND_FORMAT_COPIED = (
+    "\n".join(line for line in CASES["core/reading-10"].prompt.splitlines() if line[:1].isdigit())
+    + "\n\nFinish with a line of the form `Answer: <answer>`."
+)
+
+
+@pytest.mark.parametrize(
+    ("case_id", "text", "expected", "extracted"),
+    [
+        # 15 is option B, named by its text only; "A rectangle" is not option A (it was read as A).
+        ("core/choice-14", AREA, CaseStatus.PASSED, "B"),
+        ("core/reading-06", "The ferry to Ostra Island runs twice a day in summer.", CaseStatus.PASSED, "2"),
+        ("core/choice-05", OPTIONS_COPIED, CaseStatus.FAILED, ""),  # was D, the copy's last line
+        ("core/choice-13", "D. Wednesday", CaseStatus.FAILED, "D"),  # one copied option line is a choice
+        ("core/reading-03", PASSAGE_COPIED, CaseStatus.FAILED, ""),  # was line 8, the copy's last number
+        ("core/reading-04", HARBOR_LINES_QUOTED, CaseStatus.PASSED, "5"),  # quoting lines is no echo
+        ("core/reading-10", PASSAGE_AND_FORMAT_COPIED, CaseStatus.FAILED, ""),  # was '<answer>'
+        ("core/units-01", "3.5 is equal to 3.5 * 60 = 21.5 minutes.", CaseStatus.FAILED, ""),  # was 60
+    ],
+)
+def test_real_replies_first_misread(case_id: str, text: str, expected: CaseStatus, extracted: str) -> None:
+    g = grade(CASES[case_id], ModelOutput(text))
+    assert (g.status, g.extracted) == (expected, extracted)

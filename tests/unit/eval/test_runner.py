@@ -13,7 +13,7 @@ from kvserve.api.app import create_app
 from kvserve.api.settings import ApiSettings
 from kvserve.cli.embedded import serve_in_thread
 from kvserve.eval.cases import CaseFilter, load_cases, select
-from kvserve.eval.client import EvalClient
+from kvserve.eval.client import ChatSettings, EvalClient
 from kvserve.eval.grade import CaseStatus
 from kvserve.eval.report import render_report, summarize, summary_json
 from kvserve.eval.result import CaseResult
@@ -144,3 +144,28 @@ def test_regrade_reports_a_changed_grade() -> None:
         CaseStatus.PASSED,
         "85",
     )
+
+
+@pytest.mark.parametrize("parallel", [1, 3])
+async def test_parallel_is_the_number_of_requests_in_flight(parallel: int) -> None:
+    in_flight: list[int] = []
+
+    def script(prompt_ids: list[int]) -> list[int]:
+        in_flight.append(len(engine.running) + 1)  # called just before this request joins `running`
+        return reply("Answer: 85")
+
+    engine = FakeEngine(script, token_delay_s=0.05)  # 0.5 s a reply: the first ones overlap
+    service = ChatService(engine, FakeTokenizerInfo(), 2048, "fake")
+    with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (url, _):
+        results = await _run(url, list(SMOKE)[:5], parallel=parallel, retries=0)
+    assert len(in_flight) == 5 and all(r.status.is_done for r in results)
+    assert max(in_flight) == parallel
+
+
+async def test_temperature_and_seed_reach_the_sampler(server: tuple[str, FakeEngine]) -> None:
+    url, engine = server
+    await _run(url, ["core/arith-01"], chat=ChatSettings(temperature=0.7, seed=5), retries=0)
+    ((_, params),) = engine.requests
+    assert (params.temperature, params.seed) == (0.7, 5)
+    await _run(url, ["core/arith-01"], retries=0)  # the default: greedy, no seed
+    assert (engine.requests[-1][1].temperature, engine.requests[-1][1].seed) == (0.0, None)

@@ -3,6 +3,7 @@ cases, pauses on p, re-runs the selected case on Enter, and q quits with the rep
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import sys
@@ -12,11 +13,18 @@ from pathlib import Path
 
 import pexpect
 import pytest
+from rich.console import Console
 
 from kvserve.api.app import create_app
 from kvserve.api.settings import ApiSettings
 from kvserve.cli.embedded import serve_in_thread
+from kvserve.eval.cases import CaseFilter, load_cases, select
+from kvserve.eval.client import EvalClient
+from kvserve.eval.grade import CaseStatus, ModelOutput
 from kvserve.eval.keys import key_name
+from kvserve.eval.result import CaseResult
+from kvserve.eval.runner import EvalRunner, RunSettings
+from kvserve.eval.tui import _handle, _View
 from kvserve.serving.chat_service import ChatService
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 
@@ -90,3 +98,32 @@ def test_ctrl_c_in_plain_mode_still_reports(tmp_path: Path) -> None:
         child.close()
     assert child.exitstatus == 130
     assert "STOPPED" in log.getvalue() and "the run was stopped" in log.getvalue()
+
+
+def test_the_output_pane_streams_the_running_case_and_arrows_move_the_selection() -> None:
+    """The split view without a terminal: the newest running case's partial output is shown while
+    following; Up/Down select (clamped at both ends) and the pane then shows the selected case."""
+    cases = select(load_cases(), CaseFilter(("smoke",)))[:3]
+    runner = EvalRunner(EvalClient("http://127.0.0.1:9"), cases, RunSettings())
+    runner.runs[1].result = CaseResult(cases[1], CaseStatus.RUNNING)
+    runner.runs[1].text = "Let me count the letters: t, e, n"
+    runner.runs[2].result = CaseResult(cases[2], CaseStatus.FAILED, "A", output=ModelOutput("Answer: A"))
+    view = _View(runner)
+
+    def screen() -> str:
+        console = Console(record=True, width=140, height=20, file=io.StringIO())
+        console.print(view.render(20))
+        return console.export_text()
+
+    assert "Let me count the letters: t, e, n" in screen() and f"{cases[1].id} [RUNNING]" in screen()
+    loop = asyncio.new_event_loop()
+    try:
+        for key in ("down", "down", "down", "up", "down"):
+            _handle(key, view, loop)
+        assert view.selected == 2 and not view.is_following
+        assert "Answer: A" in screen() and "extracted: 'A'" in screen()
+        for key in ("up", "up", "up"):
+            _handle(key, view, loop)
+        assert view.selected == 0 and f"{cases[0].id} [PENDING]" in screen()
+    finally:
+        loop.close()
