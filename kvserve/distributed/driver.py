@@ -58,38 +58,39 @@ class TPDriver:
         return self
 
     @property
-    def _local(self) -> ModelRunner:
+    def local(self) -> ModelRunner:
+        """Rank 0's own runner (its shard's KV pool)."""
         assert self.runner is not None, "attach() the rank-0 runner first"
         return self.runner
 
     @property
     def attention_backend(self) -> str:
-        return self._local.attention_backend
+        return self.local.attention_backend
 
     @property
     def graphs(self):  # DecodeGraphs | None, for reports
-        return self._local.graphs
+        return self.local.graphs
 
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         self.group.broadcast_object(self.encoder.encode(scheduler_output.scheduled))
-        return self._local.execute(scheduler_output)
+        return self.local.execute(scheduler_output)
 
     def release(self, request_ids: list[str]) -> None:
-        self._local.release(request_ids)
+        self.local.release(request_ids)
         self.encoder.release(request_ids)
 
     @torch.inference_mode()
     def copy_blocks_out(self, block_ids: list[int]) -> list[torch.Tensor]:
         """Like ModelRunner.copy_blocks_out, with every rank's heads: [2, tokens, num_kv_heads, head_dim]."""
         self.group.broadcast_object(CopyOut(block_ids))
-        shards = gather_to_driver(self.group, read_blocks(self._local.kv_caches, block_ids, self.max_heads))
+        shards = gather_to_driver(self.group, read_blocks(self.local.kv_caches, block_ids, self.max_heads))
         assert shards is not None
         return [layer.to("cpu") for layer in assemble_heads(shards, self.head_spans, self.num_kv_heads)]
 
     @torch.inference_mode()
     def copy_blocks_in(self, block_ids: list[int], kv: list[torch.Tensor]) -> None:
         self.group.broadcast_object(CopyIn(block_ids))
-        caches = self._local.kv_caches
+        caches = self.local.kv_caches
         layers = [layer.to(device=caches[0].device, dtype=caches[0].dtype) for layer in kv]
         shards = split_heads(layers, self.head_spans, self.max_heads)
         write_blocks(caches, block_ids, scatter_from_driver(self.group, shards, shards[0]))

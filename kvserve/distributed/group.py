@@ -79,7 +79,9 @@ def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.de
         backend, init_method=init_method, rank=rank, world_size=world_size, timeout=_CONTROL_TIMEOUT
     )
     device_group = dist.group.WORLD
-    cpu_group = device_group if backend == "gloo" else dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
+    cpu_group = (
+        device_group if backend == "gloo" else dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
+    )
     logger.info("tensor parallel rank %d/%d joined (%s)", rank, world_size, backend)
     return TPGroup(rank, world_size, device_group, cpu_group)
 

@@ -42,7 +42,9 @@ def write_blocks(caches: Sequence[torch.Tensor], block_ids: list[int], shard: to
         cache.index_copy_(1, ids, blocks.to(cache.dtype))
 
 
-def assemble_heads(shards: Sequence[torch.Tensor], spans: Sequence[Span], num_kv_heads: int) -> list[torch.Tensor]:
+def assemble_heads(
+    shards: Sequence[torch.Tensor], spans: Sequence[Span], num_kv_heads: int
+) -> list[torch.Tensor]:
     """Rank shards -> per layer [2, tokens, num_kv_heads, head_dim]; replicated heads are taken once."""
     num_layers, _, num_tokens, _, head_dim = shards[0].shape
     full = shards[0].new_empty(num_layers, 2, num_tokens, num_kv_heads, head_dim)
@@ -64,7 +66,9 @@ def gather_to_driver(group: TPGroup, shard: torch.Tensor) -> list[torch.Tensor] 
     return out
 
 
-def scatter_from_driver(group: TPGroup, shards: list[torch.Tensor] | None, like: torch.Tensor) -> torch.Tensor:
+def scatter_from_driver(
+    group: TPGroup, shards: list[torch.Tensor] | None, like: torch.Tensor
+) -> torch.Tensor:
     """Rank r receives rank 0's shards[r] (into a tensor shaped like `like`)."""
     out = torch.empty_like(like)
     dist.scatter(out, shards, src=0, group=group.device_group)

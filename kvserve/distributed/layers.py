@@ -82,7 +82,9 @@ class _VocabRows:
         if tensor.shape[0] < self.span.end or tensor.shape[1:] != self.weight.shape[1:]:
             raise ValueError(f"vocab-parallel weight: got {tuple(tensor.shape)}")
         self.weight[self.span.size :].zero_()
-        _copy_checked(self.weight[: self.span.size], tensor.narrow(0, self.span.start, self.span.size), "weight")
+        _copy_checked(
+            self.weight[: self.span.size], tensor.narrow(0, self.span.start, self.span.size), "weight"
+        )
 
 
 class VocabParallelEmbedding(_VocabRows, Embedding):

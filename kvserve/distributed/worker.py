@@ -53,7 +53,7 @@ def device_for_rank(device: str, rank: int) -> str:
 
 def run_worker(spec: WorkerSpec) -> None:
     """Entry point of a spawned rank (blocks until rank 0 sends Stop)."""
-    from kvserve.engine.core import build_runner, resolve_kv_pool  # noqa: PLC0415  # after spawn
+    from kvserve.engine.core import build_runner, resolve_kv_pool  # after spawn: keeps the import light
 
     _exit_with_parent()
     config = dataclasses.replace(spec.config, device=device_for_rank(spec.config.device, spec.rank))

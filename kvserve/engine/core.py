@@ -203,7 +203,9 @@ def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int
     return max_model_len, _resolve_num_blocks(config, loaded, max_model_len)
 
 
-def build_runner(config: EngineConfig, loaded: LoadedModel, num_blocks: int, max_model_len: int) -> ModelRunner:
+def build_runner(
+    config: EngineConfig, loaded: LoadedModel, num_blocks: int, max_model_len: int
+) -> ModelRunner:
     """The runner every rank builds alike (on CUDA, its graph captures are collectives too)."""
     return ModelRunner(
         loaded,

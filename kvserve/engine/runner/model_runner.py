@@ -104,7 +104,9 @@ class ModelRunner:
         return output
 
     @torch.inference_mode()
-    def forward(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
+    def forward(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
         """The step's logits [num_sampling, vocab] (None when nothing samples) and the requests they
         belong to. Tensor-parallel ranks other than 0 call only this: they compute, rank 0 samples."""
         if self.graphs is not None and self.graphs.can_run(scheduled):
