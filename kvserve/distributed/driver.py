@@ -43,9 +43,12 @@ def kv_head_spans(arch: ModelArchConfig, world_size: int) -> list[Span]:
 
 
 class TPDriver:
-    def __init__(self, group: TPGroup, arch: ModelArchConfig, workers: list[BaseProcess]) -> None:
+    def __init__(
+        self, group: TPGroup, arch: ModelArchConfig, workers: list[BaseProcess], num_threads: int
+    ) -> None:
+        """`num_threads`: this process's torch thread count before the CPU ranks split the cores."""
         assert group.is_driver and group.is_parallel
-        self.group, self.workers = group, workers
+        self.group, self.workers, self.num_threads = group, workers, num_threads
         self.num_kv_heads = arch.num_key_value_heads
         self.head_spans = kv_head_spans(arch, group.world_size)
         self.max_heads = max(span.size for span in self.head_spans)
@@ -107,3 +110,4 @@ class TPDriver:
                 logger.warning("tensor parallel worker %s did not stop; terminating it", worker.name)
                 worker.terminate()
         destroy_tp_group(self.group)
+        torch.set_num_threads(self.num_threads)

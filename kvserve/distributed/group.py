@@ -2,7 +2,7 @@
 
 Two process groups: `device_group` carries activations (NCCL on CUDA, gloo on CPU) and
 `cpu_group` (always gloo) carries the step plans and control messages, which are Python objects
-that NCCL cannot move without a device copy. On CPU one gloo group serves both.
+that NCCL cannot move without a device copy, and which may wait as long as the server idles.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-# Workers wait on the control group for as long as the server idles between requests.
+# Workers wait on the control group for as long as the server idles between requests; the
+# device group's collectives run in lockstep, so a long wait there means a rank is stuck.
 _CONTROL_TIMEOUT = datetime.timedelta(days=365)
+_DEVICE_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,10 @@ def init_tp_group(rank: int, world_size: int, init_method: str, device: torch.de
     """Join the group (blocks until every rank has joined)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=_CONTROL_TIMEOUT
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=_DEVICE_TIMEOUT
     )
     device_group = dist.group.WORLD
-    cpu_group = (
-        device_group if backend == "gloo" else dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
-    )
+    cpu_group = dist.new_group(backend="gloo", timeout=_CONTROL_TIMEOUT)
     logger.info("tensor parallel rank %d/%d joined (%s)", rank, world_size, backend)
     return TPGroup(rank, world_size, device_group, cpu_group)
 

@@ -9,6 +9,9 @@ import logging
 import multiprocessing as mp
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import torch
@@ -17,7 +20,7 @@ import xxhash
 from kvserve.config import EngineConfig, resolve
 from kvserve.distributed.driver import TPDriver
 from kvserve.distributed.group import TPGroup, destroy_tp_group, init_tp_group
-from kvserve.distributed.worker import ShardLoader, WorkerSpec, device_for_rank, run_worker
+from kvserve.distributed.worker import ShardLoader, WorkerSpec, device_for_rank, run_worker, share_cpu_threads
 from kvserve.engine.core import EngineCore
 from kvserve.models.loaded import LoadedModel
 
@@ -54,27 +57,56 @@ def start_tp_engine(config: EngineConfig, load: ShardLoader) -> EngineCore:
         for rank in range(1, world_size)
     ]
     group: TPGroup | None = None
+    num_threads = torch.get_num_threads()
     try:
         for worker in workers:
             worker.start()
         device = torch.device(device_for_rank(config.device, 0))
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        group = init_tp_group(0, world_size, init_method, device)
+        num_threads = share_cpu_threads(device, world_size)
+        group = _join_watching(workers, lambda: init_tp_group(0, world_size, init_method, device))
         loaded = load(group, config)
         loaded = dataclasses.replace(loaded, fingerprint=_group_fingerprint(group, loaded.fingerprint))
-        engine = EngineCore(config, loaded, tp=TPDriver(group, loaded.arch, workers))
+        engine = EngineCore(config, loaded, tp=TPDriver(group, loaded.arch, workers, num_threads))
     except BaseException:
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
         if group is not None:
             destroy_tp_group(group)
+        torch.set_num_threads(num_threads)
         raise
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
     logger.info("tensor parallel engine: %d ranks on %s", world_size, config.device)
     return engine
+
+
+def _join_watching(workers: list[BaseProcess], join: Callable[[], TPGroup]) -> TPGroup:
+    """Join the group on a helper thread while watching the workers: a rank that dies before it
+    joins (a bad flag, an import error) would otherwise leave rank 0 waiting for the rendezvous
+    timeout. Once joined, a dead peer breaks the connections and the collectives raise."""
+    result: list[TPGroup | Exception] = []
+
+    def run() -> None:
+        try:
+            result.append(join())
+        except Exception as error:  # noqa: BLE001  # re-raised on the caller's thread below
+            result.append(error)
+
+    thread = threading.Thread(target=run, name="kvserve-tp-join", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+        dead = [w for w in workers if w.exitcode is not None]
+        if dead and thread.is_alive():
+            raise TPLaunchError(
+                f"tensor parallel rank {dead[0].name} exited ({dead[0].exitcode}) during start-up"
+            )
+    if isinstance(result[0], Exception):
+        raise result[0]
+    return result[0]
 
 
 def _group_fingerprint(group: TPGroup, own: str) -> str:

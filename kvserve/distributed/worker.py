@@ -51,6 +51,15 @@ def device_for_rank(device: str, rank: int) -> str:
     return f"cuda:{base + rank}"
 
 
+def share_cpu_threads(device: torch.device, world_size: int) -> int:
+    """CPU ranks split the cores (else each rank's intra-op pool oversubscribes them); returns the
+    previous thread count."""
+    previous = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, previous // world_size))
+    return previous
+
+
 def run_worker(spec: WorkerSpec) -> None:
     """Entry point of a spawned rank (blocks until rank 0 sends Stop)."""
     from kvserve.engine.core import build_runner, resolve_kv_pool  # after spawn: keeps the import light
@@ -60,6 +69,7 @@ def run_worker(spec: WorkerSpec) -> None:
     device = torch.device(config.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    share_cpu_threads(device, spec.world_size)
     group = init_tp_group(spec.rank, spec.world_size, spec.init_method, device)
     loaded = spec.load(group, config)
     group.all_gather_object(loaded.fingerprint)  # rank 0 combines them into the cache key

@@ -20,7 +20,7 @@ from kvserve.distributed.launch import start_tp_engine
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from tests.engine.conftest import CTX, VOCAB, load_tiny
-from tests.engine.tp_loaders import load_tiny_shard
+from tests.engine.tp_loaders import fail_on_rank_1, load_tiny_shard
 from tests.models.helpers import save_tiny_hf_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -109,3 +109,10 @@ def test_a_tp2_disk_checkpoint_reloads_at_tp2_and_is_not_used_at_tp1(
         request = engine.make_request("r0", follow_up, GREEDY)
         assert [t for o in engine.generate([request])["r0"] for t in o.new_token_ids] == cold["r0"]
         assert request.num_cached_tokens == 0
+
+
+def test_a_rank_that_fails_to_load_fails_the_start_instead_of_hanging(tiny_qwen3_dir: Path) -> None:
+    with pytest.raises(RuntimeError, match="closed by peer"):  # gloo: the dead rank's connections
+        start_tp_engine(_config(tiny_qwen3_dir, tp=2), functools.partial(fail_on_rank_1, max_model_len=CTX))
+    with _engine(tiny_qwen3_dir, tp=1) as engine:  # the group is gone: this process serves on
+        assert _generate(engine, [_prompt(5, 0)], [GREEDY])["r0"]

@@ -21,3 +21,10 @@ def load_tiny_shard(group: TPGroup, config: EngineConfig, *, max_model_len: int)
     fingerprint = model_fingerprint(arch, config.torch_dtype, model.state_dict().items())
     tokenizer = TokenizerInfo(None, None, bos_token_id=None, eos_token_ids=(), add_bos_token=False)
     return LoadedModel(model, arch, tokenizer, fingerprint, path, config.torch_dtype, max_model_len)
+
+
+def fail_on_rank_1(group: TPGroup, config: EngineConfig, *, max_model_len: int) -> LoadedModel:
+    """Rank 1 cannot load its shard (as with a missing file on one rank)."""
+    if group.rank == 1:
+        raise FileNotFoundError("rank 1 has no weights")
+    return load_tiny_shard(group, config, max_model_len=max_model_len)
