@@ -4,6 +4,7 @@ the scheduler and the disk tier stay where they are at TP=1."""
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -79,6 +80,8 @@ def start_tp_engine(config: EngineConfig, load: ShardLoader) -> EngineCore:
         raise
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
+    # One-shot commands exit without EngineCore.shutdown(): stop the ranks cleanly anyway.
+    atexit.register(engine.tp.shutdown)
     logger.info("tensor parallel engine: %d ranks on %s", world_size, config.device)
     return engine
 
