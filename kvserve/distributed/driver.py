@@ -103,7 +103,10 @@ class TPDriver:
         if self._stopped:
             return
         self._stopped = True
-        self.group.broadcast_object(Stop())
+        try:
+            self.group.broadcast_object(Stop())
+        except RuntimeError as error:  # a rank died already: terminate the rest below
+            logger.warning("tensor parallel: could not send Stop: %s", error)
         for worker in self.workers:
             worker.join(_JOIN_TIMEOUT_S)
             if worker.is_alive():

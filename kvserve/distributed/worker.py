@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +65,10 @@ def run_worker(spec: WorkerSpec) -> None:
     """Entry point of a spawned rank (blocks until rank 0 sends Stop)."""
     from kvserve.engine.core import build_runner, resolve_kv_pool  # after spawn: keeps the import light
 
+    # Ctrl-C and SIGTERM reach the whole process group; rank 0 turns them into a clean shutdown
+    # (its shutdown saves still need this rank's KV), then sends Stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
     config = dataclasses.replace(spec.config, device=device_for_rank(spec.config.device, spec.rank))
     device = torch.device(config.device)
