@@ -21,7 +21,7 @@ from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from tests.engine.conftest import CTX, VOCAB, load_tiny
 from tests.engine.tp_loaders import fail_on_rank_1, load_tiny_shard
-from tests.models.helpers import save_tiny_hf_model
+from tests.models.helpers import save_tiny_hf_model, tiny_hf_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 SEEDED = SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
@@ -75,6 +75,20 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def tiny_mqa_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One KV head for 4 query heads: at TP=2 both ranks hold a replica of it."""
+    import torch
+    import transformers
+
+    path = tmp_path_factory.mktemp("tiny-qwen3-mqa")
+    config = tiny_hf_config("qwen3")
+    config.num_key_value_heads, config.initializer_range = 1, 0.1
+    torch.manual_seed(6)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    return path
+
+
 def test_tp2_gives_the_tp1_tokens_on_a_tiny_qwen3(tiny_qwen3_dir: Path) -> None:
     prompts = [_prompt(7, 1), _prompt(45, 2), _prompt(90, 3), _prompt(20, 4)]
     params = [GREEDY, GREEDY, GREEDY, SEEDED]
@@ -105,7 +119,8 @@ def test_a_tp2_disk_checkpoint_reloads_at_tp2_and_is_not_used_at_tp1(
         assert engine.disk_tier is not None and engine.disk_tier.stats().num_hits == 1
         assert request.num_cached_tokens >= 1200 // 16 * 16  # loaded and scattered back to both ranks
         assert [t for o in outputs for t in o.new_token_ids] == cold["r0"]
-    with _engine(tiny_llama_dir, tp=1, kv_store=store) as engine:  # another cache key: not reused
+    with _engine(tiny_llama_dir, tp=1, kv_store=store) as engine:  # another cache key: removed
+        assert engine.disk_tier is not None and engine.disk_tier.stats().num_checkpoints == 0
         request = engine.make_request("r0", follow_up, GREEDY)
         assert [t for o in engine.generate([request])["r0"] for t in o.new_token_ids] == cold["r0"]
         assert request.num_cached_tokens == 0
@@ -116,3 +131,13 @@ def test_a_rank_that_fails_to_load_fails_the_start_instead_of_hanging(tiny_qwen3
         start_tp_engine(_config(tiny_qwen3_dir, tp=2), functools.partial(fail_on_rank_1, max_model_len=CTX))
     with _engine(tiny_qwen3_dir, tp=1) as engine:  # the group is gone: this process serves on
         assert _generate(engine, [_prompt(5, 0)], [GREEDY])["r0"]
+
+
+def test_tp2_replicates_a_single_kv_head_and_gives_the_tp1_tokens(tiny_mqa_dir: Path) -> None:
+    prompts = [_prompt(9, 7), _prompt(50, 8)]
+    with _engine(tiny_mqa_dir, tp=1) as engine:
+        expected = _generate(engine, prompts, [GREEDY, GREEDY])
+    with _engine(tiny_mqa_dir, tp=2) as engine:
+        assert engine.runner.local.kv_caches[0].shape[-2] == 1  # the one KV head, on each rank
+        assert engine.loaded.model.model.layers[0].self_attn.num_heads == 2
+        assert _generate(engine, prompts, [GREEDY, GREEDY]) == expected
