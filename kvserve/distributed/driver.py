@@ -10,6 +10,7 @@ The logits are all-gathered anyway (a fixed-shape collective that CUDA graphs ca
 
 from __future__ import annotations
 
+import atexit
 import logging
 from multiprocessing.process import BaseProcess
 
@@ -103,6 +104,7 @@ class TPDriver:
         if self._stopped:
             return
         self._stopped = True
+        atexit.unregister(self.shutdown)  # registered by start_tp_engine; drop the reference
         try:
             self.group.broadcast_object(Stop())
         except RuntimeError as error:  # a rank died already: terminate the rest below

@@ -81,7 +81,7 @@ def start_tp_engine(config: EngineConfig, load: ShardLoader) -> EngineCore:
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
     # One-shot commands exit without EngineCore.shutdown(): stop the ranks cleanly anyway.
-    atexit.register(engine.tp.shutdown)
+    atexit.register(engine.tp.shutdown)  # TPDriver.shutdown unregisters it
     logger.info("tensor parallel engine: %d ranks on %s", world_size, config.device)
     return engine
 
