@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from kvserve.distributed.plan import PlanEncoder
 from kvserve.engine.outputs import RunnerOutput, SchedulerOutput
 from kvserve.engine.runner.model_runner import ModelRunner
 from kvserve.models.config import ModelArchConfig
+
+if TYPE_CHECKING:
+    from kvserve.engine.runner.cuda_graphs import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class TPDriver:
         return self.local.attention_backend
 
     @property
-    def graphs(self):  # DecodeGraphs | None, for reports
+    def graphs(self) -> DecodeGraphs | None:
         return self.local.graphs
 
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:

@@ -7,6 +7,7 @@ fp32: bf16 sums the sharded matmuls in another order, enough to flip a near-tie 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -55,7 +56,7 @@ def test_smollm2_tp2_matches_tp1_greedy() -> None:
     expected = _generate(EngineCore(config, loaded), prompts)
     del loaded
     engine = start_tp_engine(
-        EngineConfig(**{**config.__dict__, "tensor_parallel_size": 2}),
+        dataclasses.replace(config, tensor_parallel_size=2),
         functools.partial(load_checkpoint_shard, progress=False),
     )
     try:
