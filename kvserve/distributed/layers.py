@@ -115,4 +115,5 @@ class LogitsGather(nn.Module):
         self.vocab_size, self.group = vocab_size, group
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.group.all_gather_last_dim(logits)[:, : self.vocab_size]
+        # contiguous: the padding cut off leaves a strided view, and the sampler works in place.
+        return self.group.all_gather_last_dim(logits)[:, : self.vocab_size].contiguous()

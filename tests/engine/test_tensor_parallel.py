@@ -24,6 +24,7 @@ from tests.engine.tp_loaders import fail_on_rank_1, load_tiny_shard
 from tests.models.helpers import save_tiny_hf_model, tiny_hf_config
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+MQA_VOCAB = 383
 SEEDED = SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
 
 
@@ -53,9 +54,9 @@ def _engine(path: Path, tp: int, kv_store: KVStoreConfig | None = None) -> Itera
         engine.shutdown()
 
 
-def _prompt(n: int, seed: int) -> list[int]:
+def _prompt(n: int, seed: int, vocab_size: int = VOCAB) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(n)]
+    return [rng.randrange(vocab_size) for _ in range(n)]
 
 
 def _generate(
@@ -77,13 +78,14 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_mqa_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One KV head for 4 query heads: at TP=2 both ranks hold a replica of it."""
+    """One KV head for 4 query heads: at TP=2 both ranks hold a replica of it. An odd vocabulary
+    (383): the second rank's vocabulary shard is padded, and the gathered logits are cut back."""
     import torch
     import transformers
 
     path = tmp_path_factory.mktemp("tiny-qwen3-mqa")
     config = tiny_hf_config("qwen3")
-    config.num_key_value_heads, config.initializer_range = 1, 0.1
+    config.num_key_value_heads, config.initializer_range, config.vocab_size = 1, 0.1, MQA_VOCAB
     torch.manual_seed(6)
     transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
     return path
@@ -134,10 +136,12 @@ def test_a_rank_that_fails_to_load_fails_the_start_instead_of_hanging(tiny_qwen3
 
 
 def test_tp2_replicates_a_single_kv_head_and_gives_the_tp1_tokens(tiny_mqa_dir: Path) -> None:
-    prompts = [_prompt(9, 7), _prompt(50, 8)]
+    prompts = [_prompt(9, 7, MQA_VOCAB), _prompt(50, 8, MQA_VOCAB)]
     with _engine(tiny_mqa_dir, tp=1) as engine:
         expected = _generate(engine, prompts, [GREEDY, GREEDY])
     with _engine(tiny_mqa_dir, tp=2) as engine:
         assert engine.runner.local.kv_caches[0].shape[-2] == 1  # the one KV head, on each rank
         assert engine.loaded.model.model.layers[0].self_attn.num_heads == 2
+        embedding = engine.loaded.model.model.embed_tokens
+        assert embedding.weight.shape[0] == 192  # ceil(383 / 2) rows a rank; rank 1 pads one
         assert _generate(engine, prompts, [GREEDY, GREEDY]) == expected
