@@ -55,6 +55,8 @@ class EngineConfig:
     weight_quant: WeightQuantName = "none"
     attention_backend: AttentionBackendName = "auto"  # auto = triton on CUDA, torch_ref on CPU
     enforce_eager: bool = False  # CUDA: no decode CUDA graphs
+    # Ranks (one process and one device each) that shard the model; see kvserve/distributed.
+    tensor_parallel_size: int = 1
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0
@@ -91,6 +93,10 @@ def resolve(config: EngineConfig) -> EngineConfig:
         logger.info("dtype auto -> %s (device %s)", dtype, device)
     if config.weight_quant != "none" and (device != "cpu" or dtype != "bfloat16"):
         raise ValueError("--weight-quant needs --device cpu and --dtype bfloat16")
+    if config.tensor_parallel_size < 1:
+        raise ValueError("--tensor-parallel-size must be >= 1")
+    if config.tensor_parallel_size > 1 and config.weight_quant != "none":
+        raise ValueError("--weight-quant does not combine with --tensor-parallel-size > 1")
     if not 0.0 < config.cache.gpu_memory_utilization <= 1.0:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")
     if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:

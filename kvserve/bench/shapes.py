@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from kvserve.config import EngineConfig
+from kvserve.distributed.group import TPGroup
 from kvserve.models import registry
 from kvserve.models.config import arch_config_from_hf
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
@@ -73,11 +75,12 @@ def build_hf_model(shape: str, dtype: torch.dtype, device: str, seed: int = 0) -
 
 
 def random_loaded_model(
-    shape: str, hf_model: torch.nn.Module, dtype: torch.dtype, device: str
+    shape: str, hf_model: torch.nn.Module, dtype: torch.dtype, device: str, tp: TPGroup | None = None
 ) -> LoadedModel:
-    """Our module of `shape` holding a copy of `hf_model`'s weights; no tokenizer (ids only)."""
+    """Our module of `shape` holding a copy of `hf_model`'s weights (this rank's shard of them with
+    a tensor-parallel `tp`); no tokenizer (ids only)."""
     arch = arch_config_from_hf(SHAPES[shape])
-    model = registry.build_model(arch, dtype, device)
+    model = registry.build_model(arch, dtype, device, tp=tp)
     load_state_dict_into(model, hf_model.state_dict().items())
     tokenizer = TokenizerInfo(None, None, bos_token_id=None, eos_token_ids=(), add_bos_token=False)
     return LoadedModel(
@@ -89,6 +92,17 @@ def random_loaded_model(
         dtype=dtype,
         max_model_len=arch.max_position_embeddings,
     )
+
+
+def load_random_shard(group: TPGroup, config: EngineConfig, *, shape: str) -> LoadedModel:
+    """A ShardLoader for tensor-parallel benchmarks: every rank builds the same seeded HF model on
+    its own GPU (the weight source, as at TP=1) and keeps its shard of it."""
+    hf = build_hf_model(shape, config.torch_dtype, config.device, seed=config.seed)
+    loaded = random_loaded_model(shape, hf, config.torch_dtype, config.device, tp=group)
+    del hf
+    if config.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return loaded
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import gc
 import json
 import sys
@@ -46,20 +47,33 @@ def run_engine_shape(args: argparse.Namespace) -> None:
         )
     )
     torch.manual_seed(config.seed)
+    tp = config.tensor_parallel_size
     hf = build_hf_model(args.shape, config.torch_dtype, config.device, seed=config.seed)
-    loaded = random_loaded_model(args.shape, hf, config.torch_dtype, config.device)
-    roofline = measure_copy_roofline(weight_bytes(loaded.model))
+    # Per GPU: each rank streams its shard of the weights (the all-reduces are not in the roofline).
+    roofline = measure_copy_roofline(weight_bytes(hf) // tp)
     peer = None
-    if not args.no_peer:
-        vocab = loaded.arch.vocab_size
+    if not args.no_peer:  # transformers on one GPU, at every TP size
+        vocab = hf.config.vocab_size
         peer = bench_hf(hf, vocab, prefill_lens, concurrency, args.peer_decode_tokens, args.repeats)
+    loaded = None if tp > 1 else random_loaded_model(args.shape, hf, config.torch_dtype, config.device)
     del hf  # its memory goes to our KV pool
     gc.collect()
     torch.cuda.empty_cache()
-    engine = EngineCore(config, loaded)
-    ours = bench_kvserve(engine, prefill_lens, concurrency, args.decode_tokens, args.repeats)
+    if loaded is None:
+        from kvserve.bench.shapes import load_random_shard
+        from kvserve.distributed.launch import start_tp_engine
 
-    table = Table("metric", "kvserve", "transformers", "ratio", title=f"kvserve bench engine ({args.shape})")
+        engine = start_tp_engine(config, functools.partial(load_random_shard, shape=args.shape))
+    else:
+        engine = EngineCore(config, loaded)
+    try:
+        ours = bench_kvserve(engine, prefill_lens, concurrency, args.decode_tokens, args.repeats)
+    finally:
+        engine.shutdown()  # stops the other tensor-parallel ranks
+
+    table = Table(
+        "metric", "kvserve", "transformers", "ratio", title=f"kvserve bench engine ({args.shape}, TP={tp})"
+    )
     for n, value in ours.prefill_tok_s.items():
         _row(table, f"prefill {n} tok (tok/s)", value, peer.prefill_tok_s.get(n) if peer else None)
     for c, value in ours.decode_tok_s.items():
@@ -71,6 +85,7 @@ def run_engine_shape(args: argparse.Namespace) -> None:
         "command": "kvserve " + " ".join(sys.argv[1:]),
         "shape": args.shape,
         "dtype": config.dtype,
+        "tensor_parallel_size": tp,
         "attention_backend": engine.runner.attention_backend,
         "cuda_graphs": engine.runner.graphs is not None,
         "num_kv_blocks": engine.num_blocks,

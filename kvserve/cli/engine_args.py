@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 
@@ -68,6 +69,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="paged attention kernels; auto = triton on CUDA, torch_ref on CPU",
     )
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
+    g.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=d.tensor_parallel_size,
+        help="shard the model over N processes, one GPU each (NCCL; on CPU: gloo, for testing)",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="global RNG seed for unseeded requests")
 
 
@@ -106,6 +113,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         weight_quant=args.weight_quant,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
         cache=CacheConfig(
             block_size=args.block_size,
             kv_cache_memory_mb=args.kv_cache_memory_mb,
@@ -131,6 +139,13 @@ def build_engine(config: EngineConfig, progress: bool = True) -> EngineCore:
         sys.exit(f"kvserve: {error}")
     torch.manual_seed(config.seed)
     try:
+        if config.tensor_parallel_size > 1:
+            from kvserve.distributed.launch import TPLaunchError, load_checkpoint_shard, start_tp_engine
+
+            try:
+                return start_tp_engine(config, functools.partial(load_checkpoint_shard, progress=progress))
+            except TPLaunchError as error:
+                sys.exit(f"kvserve: {error}")
         loaded = load_model(config.model, config.torch_dtype, config.device, progress=progress)
     except ModelLoadError as error:
         sys.exit(f"kvserve: {error}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from kvserve.kvstore import StoreIdentity
 from kvserve.models.layers.quant import MAX_QUANT_ROWS, apply_weight_quant
 from kvserve.models.loaded import LoadedModel
 
+if TYPE_CHECKING:
+    from kvserve.distributed.driver import TPDriver
+
 logger = logging.getLogger(__name__)
 
 # Auto-sized KV pools stay under this on CPU so a laptop keeps its RAM; --kv-cache-memory-mb overrides.
@@ -32,20 +36,18 @@ PromptTooLongError = RequestTooLongError
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel):
+    def __init__(self, config: EngineConfig, loaded: LoadedModel, tp: TPDriver | None = None):
+        """`tp`: at tensor-parallel size > 1, rank 0's driver of the other ranks (distributed/launch.py
+        builds it and `loaded` holds rank 0's shard); the engine then runs its runner through it."""
         config = resolve(config)
         self.config = config
         self.loaded = loaded
         self.device = torch.device(config.device)
-        self.max_model_len = _resolve_max_model_len(config, loaded)
-        if apply_weight_quant(loaded.model, config.weight_quant):
-            logger.info(
-                "weight-only %s for batches of <= %d tokens",
-                config.weight_quant,
-                MAX_QUANT_ROWS[config.weight_quant],
-            )
+        self.tp = tp
+        self.max_model_len, self.num_blocks = resolve_kv_pool(config, loaded)
+        if tp is not None:
+            self.num_blocks = tp.group.min_int(self.num_blocks)  # every rank's pool holds as many blocks
         block_size = config.cache.block_size
-        self.num_blocks = _resolve_num_blocks(config, loaded, self.max_model_len)
         # KV computed with quantized weights differs from dense KV: never share blocks between them.
         self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}"
         self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=self.cache_key)
@@ -55,16 +57,8 @@ class EngineCore:
             kv_manager=self.kv_manager,
             max_model_len=self.max_model_len,
         )
-        self.runner = ModelRunner(
-            loaded,
-            self.num_blocks,
-            block_size,
-            self.device,
-            attention_backend=config.attention_backend,
-            enforce_eager=config.enforce_eager,
-            max_num_seqs=config.scheduler.max_num_seqs,
-            max_model_len=self.max_model_len,
-        )
+        runner = build_runner(config, loaded, self.num_blocks, self.max_model_len)
+        self.runner: ModelRunner | TPDriver = runner if tp is None else tp.attach(runner)
         self.disk_tier = self._open_disk_tier()
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
@@ -80,7 +74,8 @@ class EngineCore:
         config = self.config.kv_store
         if config is None:
             return None
-        num_layers, num_kv_heads, head_dim = self.loaded.model.kv_cache_spec()
+        num_layers, _, head_dim = self.loaded.model.kv_cache_spec()
+        num_kv_heads = self.loaded.arch.num_key_value_heads  # all of them: TPDriver reassembles the ranks'
         # The chunk keys are this engine's block chain hashes, whose extra key is cache_key.
         identity = StoreIdentity(
             self.cache_key,
@@ -164,6 +159,8 @@ class EngineCore:
         """Clean exit: save what is worth keeping to the disk tier and wait for the writes."""
         if self.disk_tier is not None:
             self.disk_tier.shutdown(self.scheduler.running)
+        if self.tp is not None:  # after the shutdown saves, which copy KV out of every rank
+            self.tp.shutdown()
 
     def generate(self, requests: list[Request]) -> dict[str, list[EngineOutput]]:
         """Run `requests` to completion (offline use: CLI, benchmarks, tests)."""
@@ -193,6 +190,35 @@ def _prefill_progress(scheduler_output: SchedulerOutput, outputs: list[EngineOut
         and not s.request.is_finished
         and not s.request.output_token_ids
     ]
+
+
+def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
+    """(max_model_len, num_blocks) of this rank's KV pool; applies --weight-quant first. Every
+    tensor-parallel rank runs it (on CUDA its profiling forward is a collective)."""
+    max_model_len = _resolve_max_model_len(config, loaded)
+    if apply_weight_quant(loaded.model, config.weight_quant):
+        logger.info(
+            "weight-only %s for batches of <= %d tokens",
+            config.weight_quant,
+            MAX_QUANT_ROWS[config.weight_quant],
+        )
+    return max_model_len, _resolve_num_blocks(config, loaded, max_model_len)
+
+
+def build_runner(
+    config: EngineConfig, loaded: LoadedModel, num_blocks: int, max_model_len: int
+) -> ModelRunner:
+    """The runner every rank builds alike (on CUDA, its graph captures are collectives too)."""
+    return ModelRunner(
+        loaded,
+        num_blocks,
+        config.cache.block_size,
+        torch.device(config.device),
+        attention_backend=config.attention_backend,
+        enforce_eager=config.enforce_eager,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_model_len=max_model_len,
+    )
 
 
 def _resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> int:

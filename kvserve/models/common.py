@@ -142,6 +142,8 @@ class CausalLMBase(nn.Module):
         self.model = DecoderStack(self.build_embedding(arch), layers, self.build_norm(arch, arch.hidden_size))
         self.lm_head: nn.Linear | None = None
         self.head_quant: nn.Module | None = None  # set by layers.quant.apply_weight_quant
+        # Tensor parallel: joins the ranks' vocabulary shards of the logits (distributed/sharding.py).
+        self.logits_gather: nn.Module | None = None
         if not arch.tie_word_embeddings:
             self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         layer_types = sorted({arch.layer_type(i) for i in range(arch.num_hidden_layers)})
@@ -179,13 +181,17 @@ class CausalLMBase(nn.Module):
         else:
             weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
             logits = F.linear(hidden, weight).float()  # [n, vocab_size]
+        if self.logits_gather is not None:
+            logits = self.logits_gather(logits)  # [n, vocab_size / tp] -> [n, vocab_size]
         cap = self.arch.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
     def kv_cache_spec(self) -> tuple[int, int, int]:
-        return self.arch.num_hidden_layers, self.arch.num_key_value_heads, self.arch.head_dim
+        # The layers' own head count: a tensor-parallel rank caches only its KV heads.
+        num_kv_heads = self.model.layers[0].self_attn.num_kv_heads
+        return self.arch.num_hidden_layers, num_kv_heads, self.arch.head_dim
 
     def set_attention_backend(self, backend: AttentionBackend) -> None:
         """Swap the paged-attention kernels of every layer (the runner picks them per device)."""

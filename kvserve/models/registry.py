@@ -10,6 +10,7 @@ import importlib
 import torch
 from torch import nn
 
+from kvserve.distributed.group import TPGroup
 from kvserve.models.config import ModelArchConfig
 from kvserve.models.layers.attention.backend import AttentionBackend
 
@@ -44,11 +45,13 @@ def build_model(
     dtype: torch.dtype,
     device: torch.device | str,
     backend: AttentionBackend | None = None,
+    tp: TPGroup | None = None,
 ) -> nn.Module:
     """An uninitialized family module on `device` in `dtype`, ready for `load_state_dict_into`.
 
     Built on the meta device so no time is spent on random init; every parameter must
     then be loaded (the loader checks), and non-persistent buffers are recomputed here.
+    With a tensor-parallel `tp`, only this rank's shard is ever allocated.
     """
     if backend is None:
         from kvserve.models.layers.attention.torch_ref import TorchRefBackend
@@ -60,6 +63,10 @@ def build_model(
     try:
         with torch.device("meta"):
             model = cls(arch, backend)
+            if tp is not None and tp.is_parallel:
+                from kvserve.distributed.sharding import shard_model
+
+                shard_model(model, tp)
     finally:
         torch.set_default_dtype(previous)
     model.to_empty(device=device)

@@ -17,6 +17,8 @@ FORBIDDEN = {
     "models": {"engine", "serving", "api", "kvstore", "cli"},
     "engine": {"serving", "api", "chat", "cli"},
     "kvstore": {"engine", "serving", "api", "cli"},
+    # Tensor parallelism sits under the engine: the disk tier sees reassembled KV, never ranks.
+    "distributed": {"serving", "api", "chat", "cli", "kvstore"},
     "api": {"engine", "models", "torch"},
     "agent": {"engine", "models", "serving", "api", "torch"},
 }

@@ -78,11 +78,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
-        scheduled = scheduler_output.scheduled
-        if self.graphs is not None and self.graphs.can_run(scheduled):
-            logits, sampling = self._forward_graph(scheduled)
-        else:
-            logits, sampling = self._forward_eager(scheduled)
+        logits, sampling = self.forward(scheduler_output.scheduled)
         if logits is None:
             return RunnerOutput()
         requests = [s.request for s in sampling]
@@ -106,6 +102,16 @@ class ModelRunner:
             if logprob is not None:
                 output.logprobs[request.request_id] = logprob
         return output
+
+    @torch.inference_mode()
+    def forward(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
+        """The step's logits [num_sampling, vocab] (None when nothing samples) and the requests they
+        belong to. Tensor-parallel ranks other than 0 call only this: they compute, rank 0 samples."""
+        if self.graphs is not None and self.graphs.can_run(scheduled):
+            return self._forward_graph(scheduled)
+        return self._forward_eager(scheduled)
 
     def _forward_eager(
         self, scheduled: list[ScheduledRequest]

@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from torch import nn
 from tqdm import tqdm
 
+from kvserve.distributed.group import TPGroup
 from kvserve.models import registry
 from kvserve.models.aliases import alias_names, resolve_alias
 from kvserve.models.config import ModelArchConfig, arch_config_from_hf
@@ -41,9 +42,15 @@ __all__ = [
 
 
 def load_model(
-    spec: str | Path, dtype: torch.dtype, device: torch.device | str = "cpu", *, progress: bool = True
+    spec: str | Path,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    *,
+    progress: bool = True,
+    tp: TPGroup | None = None,
 ) -> LoadedModel:
-    """Load a .gguf file, an HF folder (config.json + *.safetensors + tokenizer files) or an alias.
+    """Load a .gguf file, an HF folder (config.json + *.safetensors + tokenizer files) or an alias;
+    with a tensor-parallel `tp`, only this rank's shard of the weights (`fingerprint` is the shard's).
 
     Raises a `ModelLoadError` subclass, with a one-line message naming the file, for a missing
     path, a corrupt file or an architecture kvserve cannot run.
@@ -52,7 +59,7 @@ def load_model(
     if path.is_dir():
         hf_config = _read_config_json(path)
         arch = _arch_config(path, hf_config)
-        model = _build(path, arch, dtype, device)
+        model = _build(path, arch, dtype, device, tp)
         _load_weights(path, model, _with_progress(_safetensors(path), path, progress))
         tokenizer = load_hf_tokenizer(path)
     else:
@@ -62,7 +69,7 @@ def load_model(
         tokenizer = load_gguf_tokenizer(
             path, gguf.metadata
         )  # before the weights: fail fast on a bad vocabulary
-        model = _build(path, arch, dtype, device)
+        model = _build(path, arch, dtype, device, tp)
         _load_weights(path, model, iter_hf_tensors(gguf, hf_config, dtype, progress=progress))
     return _loaded(path, model, arch, tokenizer, dtype)
 
@@ -115,10 +122,12 @@ def _arch_config(path: Path, hf_config: dict) -> ModelArchConfig:
         ) from None
 
 
-def _build(path: Path, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+def _build(
+    path: Path, arch: ModelArchConfig, dtype: torch.dtype, device: torch.device | str, tp: TPGroup | None
+) -> nn.Module:
     try:
-        return registry.build_model(arch, dtype, device)
-    except registry.UnsupportedModelError as error:
+        return registry.build_model(arch, dtype, device, tp=tp)
+    except (registry.UnsupportedModelError, ValueError) as error:  # ValueError: cannot be sharded
         raise UnsupportedModelError(path, str(error)) from None
 
 

@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from kvserve.distributed.layers import LoadsFullWeights
 from kvserve.models.config import ModelArchConfig, arch_config_from_hf
 from kvserve.models.fingerprint import model_fingerprint
 from kvserve.models.layers.attention.backend import AttentionBackend
@@ -75,17 +76,20 @@ def load_state_dict_into(model: nn.Module, hf_named_tensors: Iterable[tuple[str,
         if name not in params:
             model_name = type(model).__name__
             raise WeightLoadError(f"checkpoint tensor {hf_name!r} has no parameter {name!r} in {model_name}")
-        if shard is None:
-            if params[name].shape != tensor.shape:
+        module_name, _, param_name = name.rpartition(".")
+        owner = model.get_submodule(module_name)
+        try:
+            if shard is not None:
+                owner.load_shard(param_name, shard, tensor)
+            elif isinstance(owner, LoadsFullWeights):  # a tensor-parallel rank keeps its slice
+                owner.load_weight(param_name, tensor)
+            elif params[name].shape != tensor.shape:
                 expected = tuple(params[name].shape)
                 raise WeightLoadError(f"{hf_name}: expected {expected}, got {tuple(tensor.shape)}")
-            params[name].copy_(tensor)
-        else:
-            module_name, param_name = name.rsplit(".", 1)
-            try:
-                model.get_submodule(module_name).load_shard(param_name, shard, tensor)
-            except ValueError as e:
-                raise WeightLoadError(f"{hf_name}: {e}") from e
+            else:
+                params[name].copy_(tensor)
+        except ValueError as e:
+            raise WeightLoadError(f"{hf_name}: {e}") from e
         loaded.add((name, shard))
     missing = _expected_slots(model) - loaded
     if missing:
