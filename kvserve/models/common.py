@@ -66,9 +66,14 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None  # [2, num_blocks, block_size, num_kv_heads, head_dim]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        num_tokens = x.shape[0]
+        return self.o_proj(self.attend_qkv(self.qkv_proj(x), cos, sin))
+
+    def attend_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Projected [num_tokens, (H + 2 KV) * D] -> attention output [num_tokens, H * D]: RoPE, the
+        KV write and paged attention (everything between qkv_proj and o_proj)."""
+        num_tokens = qkv.shape[0]
         num_heads, num_kv_heads = self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x).view(num_tokens, num_heads + 2 * num_kv_heads, self.head_dim)
+        qkv = qkv.view(num_tokens, num_heads + 2 * num_kv_heads, self.head_dim)
         v = qkv[:, num_heads + num_kv_heads :]  # [num_tokens, num_kv_heads, head_dim]
         if self.q_norm is None:
             # One rotary pass over q and k together: they are adjacent heads of the fused output.
@@ -84,7 +89,7 @@ class Attention(nn.Module):
         out = self.backend.attend(
             q, k, v, self.kv_cache, metadata, scale=self.scale, sliding_window=self.sliding_window
         )  # [num_tokens, num_heads, head_dim]
-        return self.o_proj(out.reshape(num_tokens, num_heads * self.head_dim))
+        return out.reshape(num_tokens, num_heads * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -92,6 +97,7 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedLinear(arch.hidden_size, (arch.intermediate_size,) * 2, bias=False)
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+        self.act_name = arch.hidden_act
         self.act = get_gated_activation(arch.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -110,9 +116,44 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self._can_run_gemv(x):
+            return self._forward_gemv(x, cos, sin)
         attn_out = self.self_attn(self.input_layernorm(x), cos, sin)
         normed, h = self.post_attention_layernorm.forward_with_residual(attn_out, x)  # h = x + attn
         return h + self.mlp(normed)
+
+    def _can_run_gemv(self, x: torch.Tensor) -> bool:
+        if not x.is_cuda or x.shape[0] != 1:
+            return False
+        from kvserve.models.layers import fused_ops, gemv  # Triton: imported on CUDA only
+
+        # Plain nn.Linear only: weight-quantized layers (--weight-quant) keep their own path.
+        linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+        return (
+            fused_ops.ENABLED
+            and gemv.can_use_gemv(x, self.self_attn.qkv_proj.weight)
+            and all(type(m) in (nn.Linear, MergedLinear) for m in linears)
+            and self.mlp.act_name in ("silu", "swish")
+            and self.input_layernorm.offset == 0.0
+            and self.post_attention_layernorm.offset == 0.0
+        )
+
+    def _forward_gemv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """One token (single-stream decode) in four GEMV launches plus attention: each norm is
+        fused into the projection after it, the residual adds and SiLU-mul into the one before."""
+        from kvserve.models.layers import gemv
+
+        attn, mlp = self.self_attn, self.mlp
+        in_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
+        qkv = gemv.gemv(
+            x, attn.qkv_proj.weight, bias=attn.qkv_proj.bias, norm_weight=in_norm.weight, eps=in_norm.eps
+        )
+        out = attn.attend_qkv(qkv, cos, sin)  # [1, H * D]
+        h = gemv.gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x)  # x + attn
+        act = gemv.gemv(
+            h, mlp.gate_up_proj.weight, norm_weight=post_norm.weight, eps=post_norm.eps, gated=True
+        )
+        return gemv.gemv(act, mlp.down_proj.weight, residual=h)  # h + mlp
 
 
 class DecoderStack(nn.Module):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.engine.outputs import ScheduledRequest
+from kvserve.engine.sampler import greedy_argmax
 from kvserve.models.layers.attention.metadata import AttentionMetadata, forward_context
 from kvserve.models.layers.attention.triton_backend import TritonBackend
 from kvserve.models.layers.attention.triton_decode import choose_num_splits
@@ -30,6 +31,7 @@ _IDS, _POSITIONS, _SLOTS, _SEQ_LENS = range(4)  # rows of the packed per-token b
 class _Graph:
     graph: torch.cuda.CUDAGraph
     logits: torch.Tensor  # [batch_size, vocab] float32, the graph's output buffer
+    greedy_ids: torch.Tensor  # [batch_size] int64: the logits' argmax, also computed in the graph
 
 
 def token_at(scheduled: ScheduledRequest, position: int) -> int:
@@ -74,8 +76,9 @@ class DecodeGraphs:
     def can_run(self, scheduled: list[ScheduledRequest]) -> bool:
         return len(scheduled) <= self.max_batch_size and all(s.num_new_tokens == 1 for s in scheduled)
 
-    def run(self, scheduled: list[ScheduledRequest]) -> torch.Tensor:
-        """Logits [len(scheduled), vocab] (a view of the graph's output, valid until the next run)."""
+    def run(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [len(scheduled), vocab] and their argmax [len(scheduled)] (views of the graph's
+        outputs, valid until the next run): an all-greedy step needs no kernel outside the graph."""
         num_seqs = len(scheduled)
         size = next(b for b in self.sizes if b >= num_seqs and b in self._graphs)
         packed, block_size = self._packed_np, self.block_size
@@ -98,7 +101,7 @@ class DecodeGraphs:
         graph = self._graphs[size]
         graph.graph.replay()
         self.num_replays += 1
-        return graph.logits[:num_seqs]
+        return graph.logits[:num_seqs], graph.greedy_ids[:num_seqs]
 
     def _pad_rows(self, start: int, end: int) -> None:
         packed = self._packed_np
@@ -146,6 +149,7 @@ class DecodeGraphs:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     logits = self.model.compute_logits(self.model(ids, positions))
+                    greedy_ids = greedy_argmax(logits)  # what the sampler's greedy path runs
         finally:
             self.backend.graph_num_splits = None
-        return _Graph(graph, logits)
+        return _Graph(graph, logits, greedy_ids)

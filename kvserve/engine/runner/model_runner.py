@@ -10,10 +10,11 @@ import torch
 
 from kvserve.config import AttentionBackendName
 from kvserve.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
+from kvserve.engine.request import Logprob, Request
 from kvserve.engine.runner.batch import build_model_inputs
 from kvserve.engine.runner.device_setup import GRAPH_MEMORY_BYTES, select_attention_backend
 from kvserve.engine.runner.token_masks import build_token_masks
-from kvserve.engine.sampler import Sampler, SamplingBatch, make_generator
+from kvserve.engine.sampler import Sampler, SamplingBatch, is_plain_greedy, make_generator
 from kvserve.models.layers.attention.metadata import forward_context
 from kvserve.models.loaded import LoadedModel
 
@@ -78,7 +79,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
-        logits, sampling = self.forward(scheduler_output.scheduled)
+        scheduled = scheduler_output.scheduled
+        if self.graphs is not None and self.graphs.can_run(scheduled):
+            logits, greedy_ids = self.graphs.run(scheduled)
+            if all(
+                s.samples and s.request.constraint is None and is_plain_greedy(s.request.sampling_params)
+                for s in scheduled
+            ):
+                # The graph's argmax is the sampler's answer: skip building a SamplingBatch.
+                return self._output([s.request for s in scheduled], greedy_ids.tolist(), None)
+            logits, sampling = self._sampling_rows(logits, scheduled)
+        else:
+            logits, sampling = self._forward_eager(scheduled)
         if logits is None:
             return RunnerOutput()
         requests = [s.request for s in sampling]
@@ -96,11 +108,17 @@ class ModelRunner:
         )
         sampled = self.sampler(logits, batch)
         token_ids = sampled.sampled_token_ids.tolist()  # the one host sync of a step
+        return self._output(requests, token_ids, sampled.logprobs)
+
+    @staticmethod
+    def _output(
+        requests: list[Request], token_ids: list[int], logprobs: list[Logprob | None] | None
+    ) -> RunnerOutput:
         output = RunnerOutput()
-        for request, token_id, logprob in zip(requests, token_ids, sampled.logprobs):
+        for row, (request, token_id) in enumerate(zip(requests, token_ids, strict=True)):
             output.sampled_token_ids[request.request_id] = token_id
-            if logprob is not None:
-                output.logprobs[request.request_id] = logprob
+            if logprobs is not None and logprobs[row] is not None:
+                output.logprobs[request.request_id] = logprobs[row]
         return output
 
     @torch.inference_mode()
@@ -110,7 +128,8 @@ class ModelRunner:
         """The step's logits [num_sampling, vocab] (None when nothing samples) and the requests they
         belong to. Tensor-parallel ranks other than 0 call only this: they compute, rank 0 samples."""
         if self.graphs is not None and self.graphs.can_run(scheduled):
-            return self._forward_graph(scheduled)
+            logits, _greedy_ids = self.graphs.run(scheduled)
+            return self._sampling_rows(logits, scheduled)
         return self._forward_eager(scheduled)
 
     def _forward_eager(
@@ -123,11 +142,10 @@ class ModelRunner:
             return None, []
         return self.model.compute_logits(hidden[inputs.logits_indices]), inputs.sampling  # [n, vocab]
 
-    def _forward_graph(
-        self, scheduled: list[ScheduledRequest]
+    def _sampling_rows(
+        self, logits: torch.Tensor, scheduled: list[ScheduledRequest]
     ) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
-        assert self.graphs is not None
-        logits = self.graphs.run(scheduled)  # [num_seqs, vocab], one row per (one-token) sequence
+        """The graph's logits ([num_seqs, vocab], one row per one-token sequence) of the rows that sample."""
         rows = [i for i, s in enumerate(scheduled) if s.samples]
         if not rows:
             return None, []
