@@ -1,7 +1,9 @@
-"""`kvserve kv ls|show|prune|verify|rm`: inspect and edit a disk KV cache directory.
+"""`kvserve kv ls|show|prune|verify|rm`: inspect and edit a disk KV cache directory, over
+every model's subdirectory of it.
 
 Read-only commands work beside a running server; the editing ones (rm, prune, verify --fix)
-take the directory's lock and refuse while a server holds it.
+take the directory's lock and refuse while a server holds it (and first move an old
+flat-layout cache into its model subdirectory, as a server would).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from rich.table import Table
 
 from kvserve.cli import kv_format as fmt
 from kvserve.kvstore.cache_dir import CacheDirBusyError, DirLock, default_cache_dir
-from kvserve.kvstore.inventory import Inventory, InventoryEntry, remove_checkpoints, scan
-from kvserve.kvstore.prune import PruneFilter, parse_duration, plan_prune
+from kvserve.kvstore.inventory import Inventory, remove_checkpoints, scan_all
+from kvserve.kvstore.layout import migrate_flat_layout
+from kvserve.kvstore.prune import PruneFilter, Victim, parse_duration, plan_prune
 from kvserve.kvstore.verify import fix, verify
 
 MIB = 1 << 20
@@ -48,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     show = kv_sub.add_parser("show", parents=[common], help="all metadata of one checkpoint")
     show.add_argument("checkpoint_id", metavar="ID", help="checkpoint id (a unique prefix will do)")
     show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument("--model", metavar="FP", help="only look among models whose fingerprint starts with FP")
     show.set_defaults(func=_guarded(_show))
     prune = kv_sub.add_parser("prune", parents=[common], help="remove checkpoints by budget, age or model")
     prune.add_argument(
@@ -68,7 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     rm.add_argument(
         "checkpoint_ids", nargs="*", metavar="ID", help="checkpoint ids (unique prefixes will do)"
     )
-    rm.add_argument("--all", action="store_true", help="remove every checkpoint")
+    rm.add_argument("--all", action="store_true", help="remove every checkpoint (of --model, if given)")
+    rm.add_argument("--model", metavar="FP", help="only checkpoints whose model fingerprint starts with FP")
     rm.set_defaults(func=_guarded(_rm))
 
 
@@ -93,13 +98,23 @@ def _fail(message: str) -> NoReturn:
     sys.exit(1)
 
 
-def _inventory(directory: Path) -> Inventory:
+def _inventories(directory: Path) -> tuple[Inventory, ...]:
     if not directory.is_dir():
         raise KVCommandError(f"{directory} does not exist (no KV cache has been stored there)")
     try:
-        return scan(directory)
+        return scan_all(directory)
     except FileNotFoundError as error:
         raise KVCommandError(f"{directory} is not a kvserve KV cache directory") from error
+
+
+def _all_entries(inventories: Sequence[Inventory], model: str | None = None) -> list[Victim]:
+    selection = PruneFilter(model=model)
+    return [
+        Victim(inventory, entry)
+        for inventory in inventories
+        for entry in inventory.entries
+        if selection.matches(entry, 0.0)
+    ]
 
 
 @contextmanager
@@ -113,27 +128,30 @@ def _editing(directory: Path, *, enabled: bool = True) -> Iterator[None]:
     except CacheDirBusyError as error:
         raise KVCommandError(f"{error}; stop it first (or use --dry-run / a read-only command)") from error
     try:
+        migrate_flat_layout(directory)
         yield
     finally:
         lock.release()
 
 
 def _ls(args: argparse.Namespace, directory: Path) -> int:
-    inventory = _inventory(directory)
+    inventories = _inventories(directory)
     now = time.time()
-    entries = sorted(inventory.entries, key=lambda e: e.checkpoint.meta.last_used, reverse=True)
+    found = sorted(_all_entries(inventories), key=lambda f: f.entry.checkpoint.meta.last_used, reverse=True)
+    models = [fmt.model_summary(inventory) for inventory in inventories]
     if args.json:
-        document = {"directory": str(directory), "checkpoints": [fmt.record(e, now) for e in entries]}
-        print(json.dumps(document | {"totals": fmt.totals(inventory)}, indent=2))
+        records = [fmt.record(f.entry, now) | {"model_dir": _model_dir(f.inventory)} for f in found]
+        document = {"directory": str(directory), "models": models, "checkpoints": records}
+        print(json.dumps(document | {"totals": fmt.totals(inventories)}, indent=2))
         return 0
     console = fmt.console()
     table = Table(
         "id", "reason", "tokens", "marginal", "total", "hits", "eff. hits", "created", "last used", "model"
     )
-    for entry in entries:
-        record = fmt.record(entry, now)
+    for f in found:
+        record = fmt.record(f.entry, now)
         table.add_row(
-            entry.checkpoint_id[:12],
+            f.entry.checkpoint_id[:12],
             record["reason"],
             f"{record['num_tokens']:,}",
             fmt.size(record["marginal_bytes"]),
@@ -142,40 +160,60 @@ def _ls(args: argparse.Namespace, directory: Path) -> int:
             f"{record['effective_hits']:.2f}",
             fmt.ago(record["created"], now),
             fmt.ago(record["last_used"], now),
-            fmt.model(entry),
+            fmt.model(f.entry),
         )
     console.print(f"KV cache {escape(str(directory))}", highlight=False)
-    if entries:
+    if found:
         console.print(table)
-    totals = fmt.totals(inventory)
+    for model in models:
+        name = "old flat layout (moved into a model subdirectory by the next server)"
+        if not model["flat_layout"]:
+            name = f"{model['model_dir'][:12]}/"
+        whose = (
+            "empty"
+            if model["model_fingerprint"] is None
+            else f"{model['model_fingerprint'][:10]}/{model['dtype']}"
+        )
+        console.print(
+            f"  {escape(name)} {whose}: {model['num_checkpoints']} checkpoints, {fmt.size(model['bytes_on_disk'])}",
+            highlight=False,
+        )
+    totals = fmt.totals(inventories)
     console.print(
-        f"{totals['num_checkpoints']} checkpoints, {fmt.size(totals['bytes_on_disk'])} on disk, "
-        f"{totals['num_unique_chunks']} unique chunks, dedup {totals['dedup_ratio']:.2f}x "
+        f"{totals['num_checkpoints']} checkpoints of {len(models)} models, {fmt.size(totals['bytes_on_disk'])} on "
+        f"disk, {totals['num_unique_chunks']} unique chunks, dedup {totals['dedup_ratio']:.2f}x "
         f"({fmt.size(totals['logical_bytes'])} without sharing)",
         highlight=False,
     )
-    if inventory.unreadable:
-        console.print(f"{len(inventory.unreadable)} unreadable manifests: run `kvserve kv verify`")
+    if totals["num_unreadable_manifests"]:
+        console.print(f"{totals['num_unreadable_manifests']} unreadable manifests: run `kvserve kv verify`")
     return 0
 
 
-def _resolve(inventory: Inventory, id_prefix: str) -> InventoryEntry:
-    found = inventory.find(id_prefix)
+def _model_dir(inventory: Inventory) -> str:
+    return inventory.model_dir_name or "."
+
+
+def _resolve(inventories: Sequence[Inventory], id_prefix: str, model: str | None) -> Victim:
+    prefix = id_prefix.lower()
+    found = [f for f in _all_entries(inventories, model) if f.entry.checkpoint_id.startswith(prefix)]
     if not found:
-        raise KVCommandError(f"no checkpoint {id_prefix!r} in {inventory.directory}")
-    if len(found) > 1:
-        ids = ", ".join(entry.checkpoint_id[:12] for entry in found[:5])
         raise KVCommandError(
-            f"checkpoint id {id_prefix!r} is ambiguous: {ids}{', ...' if len(found) > 5 else ''}"
+            f"no checkpoint {id_prefix!r} in {inventories[0].directory.parent if inventories else '?'}"
+        )
+    if len(found) > 1:
+        ids = ", ".join(f"{f.entry.checkpoint_id[:12]} ({fmt.model(f.entry)})" for f in found[:5])
+        hint = " (--model FP picks one model)" if len({f.inventory.directory for f in found}) > 1 else ""
+        raise KVCommandError(
+            f"checkpoint id {id_prefix!r} is ambiguous: {ids}{', ...' if len(found) > 5 else ''}{hint}"
         )
     return found[0]
 
 
 def _show(args: argparse.Namespace, directory: Path) -> int:
-    inventory = _inventory(directory)
-    entry = _resolve(inventory, args.checkpoint_id)
+    inventory, entry = _resolve(_inventories(directory), args.checkpoint_id, args.model)
     now = time.time()
-    record = fmt.record(entry, now)
+    record = fmt.record(entry, now) | {"model_dir": _model_dir(inventory)}
     users = inventory.chunk_users()
     chunks = [
         {
@@ -224,48 +262,50 @@ def _prune(args: argparse.Namespace, directory: Path) -> int:
     if args.budget_mb is not None and args.budget_mb < 0:
         raise KVCommandError("--budget-mb must be >= 0")
     with _editing(directory, enabled=not args.dry_run):
-        inventory = _inventory(directory)
+        inventories = _inventories(directory)
         budget = None if args.budget_mb is None else int(args.budget_mb * MIB)
-        plan = plan_prune(inventory, time.time(), budget, PruneFilter(args.older_than, args.model))
+        plan = plan_prune(inventories, time.time(), budget, PruneFilter(args.older_than, args.model))
         if not plan.fits:
             raise KVCommandError(
                 f"removing every matching checkpoint would still leave more than {args.budget_mb:g} MiB; "
                 "nothing removed"
             )
-        return _remove(inventory, plan.victim_ids, dry_run=args.dry_run)
+        return _remove(plan.victims, dry_run=args.dry_run)
 
 
 def _rm(args: argparse.Namespace, directory: Path) -> int:
     if args.all == bool(args.checkpoint_ids):
         raise KVCommandError("give checkpoint ids or --all (not both)")
     with _editing(directory):
-        inventory = _inventory(directory)
+        inventories = _inventories(directory)
         if args.all:
-            ids: Sequence[str] = [entry.checkpoint_id for entry in inventory.entries]
+            victims = _all_entries(inventories, args.model)
         else:  # every id resolved before anything is removed; duplicates once
-            ids = list(dict.fromkeys(_resolve(inventory, p).checkpoint_id for p in args.checkpoint_ids))
-        return _remove(inventory, ids, dry_run=False)
+            resolved = (_resolve(inventories, p, args.model) for p in args.checkpoint_ids)
+            victims = list({(v.inventory.directory, v.entry.checkpoint_id): v for v in resolved}.values())
+        return _remove(victims, dry_run=False)
 
 
-def _remove(inventory: Inventory, ids: Sequence[str], *, dry_run: bool) -> int:
+def _remove(victims: Sequence[Victim], *, dry_run: bool) -> int:
     console = fmt.console()
-    by_id = {entry.checkpoint_id: entry for entry in inventory.entries}
     verb = "would remove" if dry_run else "removed"
-    for checkpoint_id in ids:
-        entry = by_id[checkpoint_id]
+    for _, entry in victims:
         meta = entry.checkpoint.meta
         console.print(
-            f"{verb} {checkpoint_id[:12]}  {meta.reason:<9} {meta.num_tokens:>8,} tokens  "
-            f"frees {fmt.size(entry.marginal_bytes)}",
+            f"{verb} {entry.checkpoint_id[:12]}  {meta.reason:<9} {meta.num_tokens:>8,} tokens  "
+            f"{fmt.model(entry):<15} frees {fmt.size(entry.marginal_bytes)}",
             highlight=False,
         )
     if dry_run:
-        console.print(f"{len(ids)} checkpoints would be removed (dry run)")
+        console.print(f"{len(victims)} checkpoints would be removed (dry run)")
         return 0
-    removal = remove_checkpoints(inventory, ids)
+    by_dir: dict[Path, tuple[Inventory, list[str]]] = {}
+    for inventory, entry in victims:
+        by_dir.setdefault(inventory.directory, (inventory, []))[1].append(entry.checkpoint_id)
+    removals = [remove_checkpoints(inventory, ids) for inventory, ids in by_dir.values()]
     console.print(
-        f"removed {removal.num_checkpoints} checkpoints and {removal.num_chunks} chunks, "
-        f"freed {fmt.size(removal.num_bytes)}",
+        f"removed {sum(r.num_checkpoints for r in removals)} checkpoints and "
+        f"{sum(r.num_chunks for r in removals)} chunks, freed {fmt.size(sum(r.num_bytes for r in removals))}",
         highlight=False,
     )
     return 0
@@ -273,21 +313,26 @@ def _remove(inventory: Inventory, ids: Sequence[str], *, dry_run: bool) -> int:
 
 def _verify(args: argparse.Namespace, directory: Path) -> int:
     with _editing(directory, enabled=args.fix):
-        inventory = _inventory(directory)
-        report = verify(inventory)
+        inventories = _inventories(directory)
+        reports = [(inventory, verify(inventory)) for inventory in inventories]
         console = fmt.console()
-        identity = report.identity
-        model = "empty" if identity is None else f"model {identity.fingerprint} ({identity.dtype})"
-        console.print(
-            f"KV cache {escape(str(directory))}: {model}; {report.num_checkpoints_ok} checkpoints and "
-            f"{report.num_chunks_ok} chunks verified",
-            highlight=False,
-        )
-        if report.is_ok:
+        console.print(f"KV cache {escape(str(directory))}: {len(reports)} models", highlight=False)
+        problems = []
+        for inventory, report in reports:
+            identity = report.identity
+            model = "empty" if identity is None else f"model {identity.fingerprint} ({identity.dtype})"
+            where = "old flat layout" if inventory.is_flat_layout else f"{inventory.model_dir_name[:12]}/"
+            console.print(
+                f"  {where} {model}: {report.num_checkpoints_ok} checkpoints and "
+                f"{report.num_chunks_ok} chunks verified, {len(report.problems)} problems",
+                highlight=False,
+            )
+            problems += report.problems
+        if not problems:
             console.print("[green]ok[/green]: no problems found")
             return 0
         table = Table("problem", "file", "why")
-        for problem in report.problems:
+        for problem in problems:
             relative = problem.path.relative_to(directory)
             table.add_row(problem.kind, escape(str(relative)), escape(problem.why))
         console.print(table)
@@ -296,10 +341,11 @@ def _verify(args: argparse.Namespace, directory: Path) -> int:
                 console.print(
                     "note: a server is using this directory; files it is writing may show as orphans"
                 )
-            console.print(f"{len(report.problems)} problems; run `kvserve kv verify --fix` to remove them")
+            console.print(f"{len(problems)} problems; run `kvserve kv verify --fix` to remove them")
             return 1
-        fix(inventory, report)
-        console.print(f"fixed: removed {len(report.problems)} bad files and rebuilt the index")
+        for inventory, report in reports:
+            fix(inventory, report)
+        console.print(f"fixed: removed {len(problems)} bad files and rebuilt the indexes")
         return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -70,12 +71,28 @@ def record(entry: InventoryEntry, now: float) -> dict[str, Any]:
     }
 
 
-def totals(inventory: Inventory) -> dict[str, Any]:
+def totals(inventories: Sequence[Inventory]) -> dict[str, Any]:
+    """Sums over model subdirectories (each chunk is stored in one of them only)."""
+    on_disk = sum(inventory.total_bytes for inventory in inventories)
+    logical = sum(inventory.logical_bytes for inventory in inventories)
     return {
+        "num_checkpoints": sum(len(inventory.entries) for inventory in inventories),
+        "bytes_on_disk": on_disk,
+        "num_unique_chunks": sum(len(inventory.chunk_sizes) for inventory in inventories),
+        "logical_bytes": logical,
+        "dedup_ratio": round(logical / on_disk if on_disk else 1.0, 3),
+        "num_unreadable_manifests": sum(len(inventory.unreadable) for inventory in inventories),
+    }
+
+
+def model_summary(inventory: Inventory) -> dict[str, Any]:
+    """One model subdirectory: whose it is and what it holds."""
+    identity = inventory.current_identity()
+    return {
+        "model_dir": inventory.model_dir_name or ".",
+        "flat_layout": inventory.is_flat_layout,
+        "model_fingerprint": None if identity is None else identity.fingerprint,
+        "dtype": None if identity is None else identity.dtype,
         "num_checkpoints": len(inventory.entries),
         "bytes_on_disk": inventory.total_bytes,
-        "num_unique_chunks": len(inventory.chunk_sizes),
-        "logical_bytes": inventory.logical_bytes,
-        "dedup_ratio": round(inventory.dedup_ratio, 3),
-        "num_unreadable_manifests": len(inventory.unreadable),
     }

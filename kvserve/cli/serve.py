@@ -161,9 +161,10 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
     app = create_app(service, settings, response_store=store, engine_stats=lambda: _engine_stats(core))
     app.state.closers = []
-    if core.disk_tier is not None and service.tool_memory is not None and core.config.kv_store is not None:
-        # Exact replay after a restart needs the sampled call text beside the restored checkpoints.
-        memory_file = ToolMemoryFile(Path(core.config.kv_store.directory).expanduser(), service.tool_memory)
+    if core.disk_tier is not None and service.tool_memory is not None:
+        # Exact replay after a restart needs the sampled call text beside the restored checkpoints
+        # (in the model's own subdirectory: another model's server never overwrites it).
+        memory_file = ToolMemoryFile(core.disk_tier.store.directory, service.tool_memory)
         memory_file.load()
         memory_file.start()
         app.state.closers.append(memory_file.close)

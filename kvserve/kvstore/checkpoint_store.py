@@ -1,23 +1,27 @@
-"""CheckpointStore: the disk tier of one cache directory, for one model and KV layout.
+"""CheckpointStore: the disk tier of one model and KV layout, in its subdirectory of a cache
+directory (`layout.py`); other models' subdirectories are never touched.
 
-    <dir>/checkpoints/<text sha1>.kvm   manifests (metadata, exact tokens, chunk list)
-    <dir>/chunks/<chain hash>.kvc       content-addressed KV chunks, shared between manifests
-    <dir>/index.sqlite                  derived index (rebuilt from the files when needed)
+    <root>/<model>/checkpoints/<text sha1>.kvm   manifests (metadata, exact tokens, chunk list)
+    <root>/<model>/chunks/<chain hash>.kvc       content-addressed KV chunks, shared between manifests
+    <root>/<model>/index.sqlite                  derived index (rebuilt from the files when needed)
 
+The budget bounds the whole root: other models' bytes count against it, but only this
+model's checkpoints are evicted (a store that cannot fit beside them is skipped).
 Thread-safe: the background writer saves while the engine thread looks up and loads.
-NOTE: one server per directory; opening it deletes other processes' temp files. A store
-holds a shared lock on the directory so `kvserve kv` never edits it under a running server.
+NOTE: one server per model subdirectory; opening it deletes other processes' temp files in
+it. A store holds a shared lock on the root so `kvserve kv` never edits it under a server.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvserve.kvstore.atomic_file import ensure_private_dir
-from kvserve.kvstore.cache_dir import DirLock
+from kvserve.kvstore.cache_dir import CacheDirBusyError, DirLock
 from kvserve.kvstore.checkpoint import (
     Checkpoint,
     CheckpointMeta,
@@ -39,10 +43,13 @@ from kvserve.kvstore.eviction import (
     eviction_entries,
     plan_eviction,
 )
+from kvserve.kvstore.layout import has_flat_layout, migrate_flat_layout, model_dir, other_models_bytes
 from kvserve.kvstore.manifest import encode_manifest
 from kvserve.kvstore.text_prefix import longest_text_prefix
 
 __all__ = ["CheckpointStore", "ChunkProvider", "ChunkUnavailableError"]
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointStore:
@@ -65,9 +72,12 @@ class CheckpointStore:
         self.protect_loaded_s = protect_loaded_s
         self._clock = clock
         ensure_private_dir(directory)
+        _migrate_if_idle(directory)
+        self.root = directory
+        self.directory = model_dir(directory, identity)
         self._dir_lock = DirLock.shared_if_possible(directory)
         try:
-            self._files = CheckpointFiles(directory, identity)
+            self._files = CheckpointFiles(self.directory, identity)
         except BaseException:
             self._release_lock()
             raise
@@ -76,6 +86,7 @@ class CheckpointStore:
         self._save_lock = threading.Lock()  # one save at a time (chunk writes run outside _lock)
         self._loaded_at: dict[str, float] = {}
         self._num_loads = self._num_evictions = 0
+        self._is_crowded = False  # other models' checkpoints left no room (warned once)
         self.evict_to_budget()
 
     def close(self) -> None:
@@ -190,9 +201,18 @@ class CheckpointStore:
         entries = eviction_entries(
             self._index.all(), now, self._loaded_at, self.protect_loaded_s, len(token_ids), key_at
         )
-        plan = plan_eviction(
-            entries, self._index.chunk_bytes(), self.budget_bytes, now, incoming, self.policy
-        )
+        others = other_models_bytes(self.root, self.directory)
+        budget = max(0, self.budget_bytes - others)
+        plan = plan_eviction(entries, self._index.chunk_bytes(), budget, now, incoming, self.policy)
+        if others and not plan.can_store and not self._is_crowded:
+            logger.warning(
+                "kvstore: other models' checkpoints take %.1f of the %.1f MiB budget of %s; this "
+                "model's checkpoints are skipped while they do (see `kvserve kv ls`, `kvserve kv prune`)",
+                others / 2**20,
+                self.budget_bytes / 2**20,
+                self.root,
+            )
+        self._is_crowded = others > 0 and not plan.can_store
         for victim in plan.victim_ids:
             self._delete(victim)
         self._num_evictions += len(plan.victim_ids)
@@ -307,3 +327,24 @@ class CheckpointStore:
                 files.num_corrupt_removed,
                 files.disk_errors.num_failures,
             )
+
+
+def _migrate_if_idle(root: Path) -> None:
+    """Move an old flat-layout cache into per-model subdirectories, when no other process
+    uses the directory (else it stays until a later start; the server ignores it meanwhile)."""
+    if not has_flat_layout(root):
+        return
+    try:
+        lock = DirLock(root, exclusive=True)
+    except CacheDirBusyError:
+        logger.info("kvstore: %s is in use; its old flat-layout checkpoints stay until a later start", root)
+        return
+    except OSError as error:  # read-only: nothing can be moved
+        logger.warning("kvstore: cannot migrate the old flat layout of %s: %s", root, error)
+        return
+    try:
+        migrate_flat_layout(root)
+    except OSError as error:
+        logger.warning("kvstore: migrating the old flat layout of %s failed: %s", root, error)
+    finally:
+        lock.release()

@@ -1,8 +1,9 @@
-"""Inventory: a read-only look at a cache directory, whatever model wrote it (for `kvserve kv`).
+"""Inventory: a read-only look at a cache directory, whatever models wrote it (for `kvserve kv`).
 
-A CheckpointStore is bound to one model and removes other models' entries when it opens;
-the inventory instead reads every manifest as it is, so the CLI can list, check and edit a
-directory without a model and without touching what it was not asked to touch.
+A CheckpointStore is bound to one model and removes entries in its subdirectory that are
+not its own; the inventory instead reads every manifest as it is, so the CLI can list,
+check and edit a directory without a model and without touching what it was not asked to.
+`scan` reads one model subdirectory (or an old flat-layout root), `scan_all` every one.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvserve.kvstore.atomic_file import is_temp_file
+from kvserve.kvstore.cache_dir import LOCK_NAME
 from kvserve.kvstore.checkpoint import Checkpoint, StoreIdentity
 from kvserve.kvstore.chunk_format import identity_digest
 from kvserve.kvstore.chunk_store import SUFFIX as CHUNK_SUFFIX
 from kvserve.kvstore.index import CheckpointIndex, IndexDamagedError
+from kvserve.kvstore.layout import INDEX_NAME, MODEL_DIR_PATTERN, has_flat_layout, model_dirs
 from kvserve.kvstore.manifest import (
     CorruptManifestError,
     IncompatibleManifestError,
@@ -26,8 +29,6 @@ from kvserve.kvstore.manifest import (
     decode_manifest,
 )
 from kvserve.kvstore.manifest_store import SUFFIX as MANIFEST_SUFFIX
-
-INDEX_NAME = "index.sqlite"
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,25 @@ class Inventory:
     def chunk_path(self, key: str) -> Path:
         return self.directory / "chunks" / f"{key}{CHUNK_SUFFIX}"
 
+    @property
+    def is_flat_layout(self) -> bool:
+        """An old single-model cache lying directly in the root (moved by the next server)."""
+        return not self.model_dir_name
+
+    @property
+    def model_dir_name(self) -> str:
+        """The model subdirectory's name (its identity's digest); "" for a flat-layout root."""
+        return self.directory.name if MODEL_DIR_PATTERN.match(self.directory.name) else ""
+
     def current_identity(self) -> StoreIdentity | None:
-        """The identity the directory belongs to: the last server's (recorded in its index),
-        else that of the most recently used checkpoint. Others' entries are incompatible."""
+        """The identity the directory belongs to: the one its name is the digest of, else the
+        last server's (recorded in its index), else that of the most recently used checkpoint.
+        Other identities' entries are incompatible."""
         identities = {entry.checkpoint.meta.identity for entry in self.entries}
-        for identity in identities:
-            if identity_digest(identity).hex() == self.index_identity_tag:
-                return identity
+        for tag in (self.model_dir_name, self.index_identity_tag):
+            for identity in identities:
+                if identity_digest(identity).hex() == tag:
+                    return identity
         if not self.entries:
             return None
         return max(self.entries, key=lambda e: e.checkpoint.meta.last_used).checkpoint.meta.identity
@@ -170,6 +183,18 @@ def scan(directory: Path) -> Inventory:
         num_temp_manifests + num_temp_chunks,
         _index_identity_tag(directory / INDEX_NAME),
     )
+
+
+def scan_all(root: Path) -> tuple[Inventory, ...]:
+    """Every model subdirectory of `root`, and the root itself if it still has the old flat
+    layout. Raises FileNotFoundError if `root` is not a cache directory (no lock file, no
+    model subdirectory, no flat layout)."""
+    inventories = [scan(d) for d in model_dirs(root) if (d / "checkpoints").is_dir()]
+    if has_flat_layout(root):
+        inventories.append(scan(root))
+    if not inventories and not (root / LOCK_NAME).exists():
+        raise FileNotFoundError(f"no KV cache in {root}")
+    return tuple(inventories)
 
 
 def _entry(

@@ -1,9 +1,11 @@
 """Which checkpoints `kvserve kv prune` removes (pure): the ones matching its filters, or,
-with a budget, the server's own eviction order among them until the directory fits."""
+with a budget, the server's own eviction order among them (across every model's
+subdirectory) until the whole directory fits."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -34,34 +36,47 @@ class PruneFilter(NamedTuple):
         return self.older_than_s is None or now - used_at > self.older_than_s
 
 
+class Victim(NamedTuple):
+    inventory: Inventory  # the model subdirectory it lives in
+    entry: InventoryEntry
+
+
 class PrunePlan(NamedTuple):
-    victim_ids: tuple[str, ...]
+    victims: tuple[Victim, ...]
     fits: bool  # False: even removing every matching checkpoint leaves the directory over budget
 
 
 def plan_prune(
-    inventory: Inventory,
+    inventories: Sequence[Inventory],
     now: float,
     budget_bytes: int | None,
     selection: PruneFilter,
     policy: EvictionPolicy = DEFAULT_EVICTION_POLICY,
 ) -> PrunePlan:
     """Without a budget, every matching checkpoint; with one, the lowest-scoring matching
-    ones (the server's eviction policy, nothing protected but what does not match) until
-    the readable checkpoints fit it. No victims when the budget cannot be met."""
-    matching = {e.checkpoint_id for e in inventory.entries if selection.matches(e, now)}
+    ones of any model (the server's eviction policy, nothing protected but what does not
+    match) until the readable checkpoints of the whole directory fit it. No victims when
+    the budget cannot be met."""
+    # Ids and chunk keys are unique within one model subdirectory only: namespace them.
+    by_key = {
+        f"{i}/{entry.checkpoint_id}": Victim(inventory, entry)
+        for i, inventory in enumerate(inventories)
+        for entry in inventory.entries
+    }
+    matching = {key for key, victim in by_key.items() if selection.matches(victim.entry, now)}
     if budget_bytes is None:
-        ordered = sorted(
-            (e for e in inventory.entries if e.checkpoint_id in matching),
-            key=lambda e: e.checkpoint.meta.last_used,
-        )
-        return PrunePlan(tuple(e.checkpoint_id for e in ordered), True)
-    checkpoints = [entry.checkpoint for entry in inventory.entries]
-    entries = [
-        replace(entry, is_protected=entry.checkpoint_id not in matching)
-        for entry in eviction_entries(checkpoints, now, {}, 0.0)
-    ]
-    used = inventory.chunk_users()
-    chunk_sizes = {key: size for key, size in inventory.chunk_sizes.items() if key in used}
+        ordered = sorted(matching, key=lambda key: by_key[key].entry.checkpoint.meta.last_used)
+        return PrunePlan(tuple(by_key[key] for key in ordered), True)
+    entries = []
+    chunk_sizes: dict[str, int] = {}
+    for i, inventory in enumerate(inventories):
+        for entry in eviction_entries([e.checkpoint for e in inventory.entries], now, {}, 0.0):
+            key = f"{i}/{entry.checkpoint_id}"
+            chunk_keys = frozenset(f"{i}/{chunk}" for chunk in entry.chunk_keys)
+            entries.append(
+                replace(entry, checkpoint_id=key, chunk_keys=chunk_keys, is_protected=key not in matching)
+            )
+        used = inventory.chunk_users()
+        chunk_sizes |= {f"{i}/{key}": size for key, size in inventory.chunk_sizes.items() if key in used}
     plan = plan_eviction(entries, chunk_sizes, budget_bytes, now, None, policy)
-    return PrunePlan(plan.victim_ids, plan.can_store)
+    return PrunePlan(tuple(by_key[key] for key in plan.victim_ids), plan.can_store)

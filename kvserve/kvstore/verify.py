@@ -21,7 +21,8 @@ from kvserve.kvstore.atomic_file import is_temp_file
 from kvserve.kvstore.checkpoint import ChunkSpan, StoreIdentity
 from kvserve.kvstore.chunk_format import CorruptChunkError, identity_digest
 from kvserve.kvstore.chunk_store import ChunkStore
-from kvserve.kvstore.inventory import INDEX_NAME, Inventory, InventoryEntry
+from kvserve.kvstore.inventory import Inventory, InventoryEntry
+from kvserve.kvstore.layout import INDEX_NAME
 from kvserve.kvstore.manifest_store import ManifestStore
 from kvserve.kvstore.recovery import rebuild_index
 

@@ -9,25 +9,20 @@ tier.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import anthropic
-import httpx
 import openai
 import pytest
 
+from tests.serve_process import running_server
+
 pytestmark = pytest.mark.model
 
-REPO = Path(__file__).resolve().parents[2]
 SYSTEM = "You are a helpful assistant. Answer briefly."
 WORDS = [
     "river",
@@ -83,41 +78,16 @@ def conversation(num_turns: int = 14, words_per_turn: int = 360) -> list[dict[st
     return messages
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def server(cache_args: list[str], log: Path) -> Iterator[str]:
-    """`kvserve serve` in a subprocess; stopped with SIGTERM, which must exit cleanly."""
-    port = _free_port()
-    command = [sys.executable, "-m", "kvserve", "serve", "--port", str(port), "--ctx", "8192"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with log.open("a") as out:
-        process = subprocess.Popen([*command, *cache_args], cwd=REPO, env=env, stdout=out, stderr=out)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.5)
+    """`kvserve serve` (SmolLM2) in a subprocess; stopped with SIGTERM, which must exit cleanly.
+
+    fp32 whatever the CPU: in bf16 (`--dtype auto` on AVX512-BF16/AMX CPUs) KV computed in other
+    prefill splits (a disk hit + a 30-token tail vs a whole prefill) rounds differently, and the
+    greedy answers of the Responses turn diverged after 12 tokens; the test asks for equal tokens.
+    """
+    with running_server(["--ctx", "8192", "--dtype", "float32", *cache_args], log) as url:
         yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            rc = process.wait(120)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-    assert rc == 0, log.read_text()[-3000:]
 
 
 def ask(api: str, url: str, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, int, int]:
@@ -172,7 +142,7 @@ def test_restart_serves_the_next_turn_from_disk(tmp_path: Path) -> None:
         answer, prompt_tokens, cached = ask("chat", url, messages, max_tokens=24)
     timings["first turn (cold) + shutdown"] = time.monotonic() - started
     assert 5800 <= prompt_tokens <= 7500 and cached == 0
-    assert list((tmp_path / "kv" / "checkpoints").glob("*.kvm")), log.read_text()[-3000:]
+    assert list((tmp_path / "kv").glob("*/checkpoints/*.kvm")), log.read_text()[-3000:]
     next_turn = [
         *messages,
         {"role": "assistant", "content": answer},

@@ -158,7 +158,7 @@ def test_three_conversations_store_their_shared_prefix_once(tiny_llama_dir: Path
     engine.shutdown()
 
     store = engine.disk_tier.store
-    chunk_dir = tmp_path / "chunks"
+    chunk_dir = store.directory / "chunks"
     reopened = make_engine(tiny_llama_dir, kv_store=_store_config(tmp_path))
     checkpoints = reopened.disk_tier.store.checkpoints()  # type: ignore[union-attr]
     # The first conversation's `cold` checkpoint is the system prefix (cut at the user turn,

@@ -12,7 +12,15 @@ from pathlib import Path
 import torch
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import CheckpointMeta, CheckpointStore, ChunkSpan, SaveReason, SaveResult, StoreIdentity
+from kvserve.kvstore import (
+    CheckpointMeta,
+    CheckpointStore,
+    ChunkSpan,
+    SaveReason,
+    SaveResult,
+    StoreIdentity,
+    layout,
+)
 
 BLOCK_SIZE = 4
 CHUNK_TOKENS = 16
@@ -21,6 +29,11 @@ FINGERPRINT = "test-model:bfloat16:none"
 
 def make_identity(dtype: str = "bfloat16", fingerprint: str = FINGERPRINT) -> StoreIdentity:
     return StoreIdentity(fingerprint, dtype, num_layers=2, num_kv_heads=2, head_dim=4, block_size=BLOCK_SIZE)
+
+
+def model_dir(root: Path, identity: StoreIdentity | None = None) -> Path:
+    """Where a store opened on `root` keeps `identity`'s files (its per-model subdirectory)."""
+    return layout.model_dir(root, identity or make_identity())
 
 
 def random_tokens(num_tokens: int, seed: int) -> list[int]:

@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from kvstore_helpers import Clock, make_identity, open_store, random_tokens, save, text_of
+from kvstore_helpers import Clock, make_identity, model_dir, open_store, random_tokens, save, text_of
 
 from kvserve.cli.main import main
 from kvserve.kvstore import TextKey
+from kvserve.kvstore.cache_dir import DirLock
 
 DAY = 86400.0
 MIB = 1 << 20
@@ -52,7 +53,8 @@ def kv(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 
 def files_bytes(directory: Path) -> int:
-    return sum(p.stat().st_size for sub in ("checkpoints", "chunks") for p in (directory / sub).iterdir())
+    """Manifests and chunks of every model subdirectory (what `ls` totals and the budget count)."""
+    return sum(p.stat().st_size for sub in ("checkpoints", "chunks") for p in directory.glob(f"*/{sub}/*"))
 
 
 def test_ls_lists_every_checkpoint_and_the_totals(cache, capsys) -> None:
@@ -62,7 +64,7 @@ def test_ls_lists_every_checkpoint_and_the_totals(cache, capsys) -> None:
     for reason, tokens in convs.items():
         row = next(line for line in out.splitlines() if cid(tokens)[:12] in line)
         assert reason in row and "test-model/bf16" in row
-    assert "3 checkpoints" in out and "8 unique chunks" in out
+    assert "3 checkpoints of 1 models" in out and "8 unique chunks" in out
     code, out, _ = kv(capsys, "ls", "--kv-cache-dir", str(directory), "--json")
     document = json.loads(out)
     totals = document["totals"]
@@ -110,7 +112,7 @@ def test_unknown_ids_and_missing_directories_are_clear_errors(cache, capsys, tmp
         assert code == 1 and "error:" in err and "Traceback" not in err, args
     code, _, err = kv(capsys, "show", "", "--kv-cache-dir", str(directory))
     assert code == 1 and "ambiguous" in err
-    assert len(list((directory / "checkpoints").iterdir())) == 3  # the failed rm removed nothing
+    assert len(list((model_dir(directory) / "checkpoints").iterdir())) == 3  # the failed rm removed nothing
 
 
 def test_rm_removes_only_chunks_no_one_else_uses_and_keeps_the_index_in_step(cache, capsys) -> None:
@@ -146,18 +148,20 @@ def test_verify_finds_a_corrupt_chunk_an_orphan_and_another_models_entry_and_fix
     store = open_store(directory)
     own_key = store.get(cid(convs["continued"])).chunks[-1].key
     store.close()
-    chunk = directory / "chunks" / f"{own_key}.kvc"
+    chunk = model_dir(directory) / "chunks" / f"{own_key}.kvc"
     data = bytearray(chunk.read_bytes())
     data[-1] ^= 0x40  # payload only: no header check can see it
     chunk.write_bytes(data)
-    (directory / "chunks" / f"{'e' * 32}.kvc").write_bytes(b"orphan")
-    (directory / "chunks" / f"{'a' * 32}.kvc.tmp.99.0").write_bytes(b"half")
-    other = open_store(tmp_path / "other", make_identity(fingerprint="other-model:bfloat16:none"))
+    (model_dir(directory) / "chunks" / f"{'e' * 32}.kvc").write_bytes(b"orphan")
+    (model_dir(directory) / "chunks" / f"{'a' * 32}.kvc.tmp.99.0").write_bytes(b"half")
+    other_identity = make_identity(fingerprint="other-model:bfloat16:none")
+    other = open_store(tmp_path / "other", other_identity)
     foreign = random_tokens(20, 9)
     save(other, foreign)
     other.close()
     name = f"{cid(foreign)}.kvm"
-    (directory / "checkpoints" / name).write_bytes((tmp_path / "other" / "checkpoints" / name).read_bytes())
+    source = model_dir(tmp_path / "other", other_identity) / "checkpoints" / name
+    (model_dir(directory) / "checkpoints" / name).write_bytes(source.read_bytes())
 
     code, out, _ = kv(capsys, "verify", "--kv-cache-dir", str(directory))
     assert code == 1 and "5 problems" in out  # chunk + its user, foreign manifest, 2 orphans
@@ -173,7 +177,9 @@ def test_verify_finds_a_corrupt_chunk_an_orphan_and_another_models_entry_and_fix
     store = open_store(directory)
     assert {c.checkpoint_id for c in store.checkpoints()} == {cid(convs["cold"]), cid(convs["evict"])}
     assert store.verify() == 0
-    assert len(list((directory / "chunks").iterdir())) == 6  # the continued entry's own 2 chunks are gone
+    assert (
+        len(list((model_dir(directory) / "chunks").iterdir())) == 6
+    )  # the continued entry's own 2 chunks are gone
 
 
 def test_prune_by_budget_follows_the_eviction_policy(cache, capsys) -> None:
@@ -188,7 +194,7 @@ def test_prune_by_budget_follows_the_eviction_policy(cache, capsys) -> None:
     assert files_bytes(directory) == total  # dry run
     code, out, _ = kv(capsys, "prune", "--budget-mb", f"{budget_mb:.9f}", "--kv-cache-dir", str(directory))
     assert code == 0 and files_bytes(directory) < total
-    assert not (directory / "checkpoints" / f"{cid(convs['continued'])}.kvm").exists()
+    assert not (model_dir(directory) / "checkpoints" / f"{cid(convs['continued'])}.kvm").exists()
     code, _, err = kv(
         capsys, "prune", "--budget-mb", "0", "--model", "nomatch", "--kv-cache-dir", str(directory)
     )
@@ -199,7 +205,7 @@ def test_prune_by_age_and_model(cache, capsys) -> None:
     directory, convs = cache
     code, out, _ = kv(capsys, "prune", "--older-than", "7d", "--kv-cache-dir", str(directory))
     assert code == 0 and "removed 1 checkpoints" in out
-    assert not (directory / "checkpoints" / f"{cid(convs['cold'])}.kvm").exists()
+    assert not (model_dir(directory) / "checkpoints" / f"{cid(convs['cold'])}.kvm").exists()
     code, out, _ = kv(capsys, "prune", "--model", "other", "--kv-cache-dir", str(directory))
     assert code == 0 and "removed 0 checkpoints" in out
     code, out, _ = kv(capsys, "prune", "--model", "test-mo", "--kv-cache-dir", str(directory))
@@ -236,9 +242,123 @@ def test_verify_reports_a_missing_chunk_on_every_checkpoint_using_it(cache, caps
     store = open_store(directory)
     shared_key = store.get(cid(convs["cold"])).chunks[3].key  # [48, 64): cold and continued
     store.close()
-    (directory / "chunks" / f"{shared_key}.kvc").unlink()
+    (model_dir(directory) / "chunks" / f"{shared_key}.kvc").unlink()
     code, out, _ = kv(capsys, "verify", "--kv-cache-dir", str(directory))
     assert code == 1 and out.count(f"its chunk {shared_key} is missing") == 2
     assert "1 checkpoints and 5 chunks verified" in out  # evict: the 3 shared chunks and its own 2
     assert kv(capsys, "verify", "--fix", "--kv-cache-dir", str(directory))[0] == 0
-    assert [p.stem for p in (directory / "checkpoints").iterdir()] == [cid(convs["evict"])]
+    assert [p.stem for p in (model_dir(directory) / "checkpoints").iterdir()] == [cid(convs["evict"])]
+
+
+OTHER = make_identity(fingerprint="other-model:float32:none", dtype="float32")
+
+
+@pytest.fixture
+def two_models(cache) -> tuple[Path, dict[str, list[int]]]:
+    """The three-checkpoint cache plus, in its own subdirectory, another model's checkpoint of
+    the same conversation as `cold` (same text, so the same id) and one of its own."""
+    directory, convs = cache
+    store = open_store(directory, OTHER, clock=Clock(time.time() - 30))
+    save(store, convs["cold"], "cold")
+    save(store, random_tokens(40, 5), "shutdown")
+    store.close()
+    return directory, convs
+
+
+def test_ls_lists_every_model_with_its_own_totals(two_models, capsys) -> None:
+    directory, convs = two_models
+    code, out, _ = kv(capsys, "ls", "--kv-cache-dir", str(directory))
+    assert code == 0 and "5 checkpoints of 2 models" in out
+    rows = [line for line in out.splitlines() if cid(convs["cold"])[:12] in line]
+    assert (
+        len(rows) == 2
+        and any("test-model/bf16" in r for r in rows)
+        and any("other-mode/f32" in r for r in rows)
+    )
+    document = json.loads(kv(capsys, "ls", "--kv-cache-dir", str(directory), "--json")[1])
+    models = {m["model_fingerprint"]: m for m in document["models"]}
+    assert models[OTHER.fingerprint]["num_checkpoints"] == 2 and models[OTHER.fingerprint]["model_dir"] == (
+        model_dir(directory, OTHER).name
+    )
+    assert document["totals"]["bytes_on_disk"] == files_bytes(directory)
+    assert sum(m["bytes_on_disk"] for m in models.values()) == files_bytes(directory)
+
+
+def test_an_id_shared_by_two_models_needs_model_to_pick_one(two_models, capsys) -> None:
+    directory, convs = two_models
+    code, _, err = kv(capsys, "show", cid(convs["cold"]), "--kv-cache-dir", str(directory))
+    assert code == 1 and "ambiguous" in err and "--model" in err
+    code, out, _ = kv(
+        capsys, "show", cid(convs["cold"]), "--model", "other", "--kv-cache-dir", str(directory), "--json"
+    )
+    assert code == 0 and json.loads(out)["model_fingerprint"] == OTHER.fingerprint
+    code, out, _ = kv(capsys, "rm", cid(convs["cold"]), "--model", "other", "--kv-cache-dir", str(directory))
+    assert code == 0 and "removed 1 checkpoints" in out
+    store = open_store(directory)
+    assert store.get(cid(convs["cold"])) is not None  # the other model's copy is kept
+    store.close()
+    code, out, _ = kv(capsys, "rm", "--all", "--model", "other", "--kv-cache-dir", str(directory))
+    assert code == 0 and "removed 1 checkpoints" in out
+    assert not list((model_dir(directory, OTHER) / "checkpoints").iterdir())
+    assert len(list((model_dir(directory) / "checkpoints").iterdir())) == 3
+
+
+def test_prune_by_budget_bounds_the_whole_directory_across_models(two_models, capsys) -> None:
+    directory, _ = two_models
+    for budget in (files_bytes(directory) - 1, files_bytes(directory) // 3):
+        code, out, _ = kv(
+            capsys, "prune", "--budget-mb", f"{budget / MIB:.9f}", "--kv-cache-dir", str(directory)
+        )
+        assert code == 0 and files_bytes(directory) <= budget, out
+    assert "removed 1 checkpoints" not in out  # the second cut needed several, of both models
+    assert "test-model" in out and "other-mode" in out
+    assert kv(capsys, "verify", "--kv-cache-dir", str(directory))[0] == 0
+
+
+def test_verify_checks_each_model_against_its_own_identity(two_models, capsys) -> None:
+    directory, _ = two_models
+    code, out, _ = kv(capsys, "verify", "--kv-cache-dir", str(directory))
+    assert code == 0 and "2 models" in out and "other-model:float32:none" in out and "test-model" in out
+
+
+def flatten(directory: Path, identity=None) -> None:
+    """Turn a model subdirectory back into the old single-model layout (files in the root)."""
+    own = model_dir(directory, identity)
+    for sub in ("checkpoints", "chunks"):
+        (own / sub).rename(directory / sub)
+    (own / "index.sqlite").rename(directory / "index.sqlite")
+    for path in own.iterdir():
+        path.unlink()
+    own.rmdir()
+
+
+def test_an_old_flat_layout_is_listed_and_moved_into_its_model_subdirectory(cache, capsys) -> None:
+    directory, convs = cache
+    flatten(directory)
+    (directory / "chunks" / f"{'e' * 32}.kvc").write_bytes(b"orphan")
+    code, out, _ = kv(capsys, "ls", "--kv-cache-dir", str(directory))
+    assert code == 0 and "3 checkpoints of 1 models" in out and "old flat layout" in out
+    assert kv(capsys, "verify", "--kv-cache-dir", str(directory))[0] == 1  # the orphan
+    store = open_store(directory)  # a server start moves it (nobody else holds the directory)
+    assert {c.checkpoint_id for c in store.checkpoints()} == set(map(cid, convs.values()))
+    assert store.load(cid(convs["continued"])) is not None and store.verify() == 0
+    store.close()
+    assert not (directory / "checkpoints").exists() and not (directory / "chunks").exists()
+    assert not (directory / "index.sqlite").exists()
+    assert kv(capsys, "verify", "--kv-cache-dir", str(directory))[0] == 0
+
+
+def test_a_flat_layout_stays_while_a_server_holds_the_directory_and_edits_move_it(cache, capsys) -> None:
+    directory, convs = cache
+    flatten(directory)
+    server = DirLock(directory, exclusive=False)  # another server holds the directory
+    busy = open_store(directory)  # so this one cannot migrate: it starts empty and deletes nothing
+    assert busy.stats().num_checkpoints == 0 and len(list((directory / "checkpoints").iterdir())) == 3
+    busy.close()
+    server.release()
+    code, out, _ = kv(capsys, "rm", cid(convs["cold"])[:10], "--kv-cache-dir", str(directory))
+    assert code == 0 and "removed 1 checkpoints" in out and not (directory / "checkpoints").exists()
+    assert {c.checkpoint_id for c in open_store(directory).checkpoints()} == {
+        cid(convs["continued"]),
+        cid(convs["evict"]),
+    }

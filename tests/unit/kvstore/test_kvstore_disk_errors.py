@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from kvstore_helpers import Provider, kv_for, open_store, random_tokens, save, text_of
+from kvstore_helpers import Provider, kv_for, model_dir, open_store, random_tokens, save, text_of
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
 from kvserve.kvstore import CheckpointMeta, CheckpointWriter, SaveJob, TextKey, atomic_file
@@ -52,7 +52,7 @@ def test_a_full_disk_skips_stores_with_one_warning_and_loads_keep_working(
     warned = warnings_of(caplog)
     assert len(warned) == 1 and "No space left" in warned[0] and "serving continues" in warned[0]
     assert store.stats().num_checkpoints == 1 and store.stats().num_disk_errors == 4
-    assert leftovers(tmp_path) == [] and len(list((tmp_path / "chunks").iterdir())) == 3
+    assert leftovers(tmp_path) == [] and len(list((model_dir(tmp_path) / "chunks").iterdir())) == 3
     disk.full = False
     assert save(store, random_tokens(40, 1)).status == "stored"
     assert any("succeed again" in r.getMessage() for r in caplog.records)
@@ -92,9 +92,9 @@ def test_a_directory_made_read_only_skips_stores_and_still_serves_loads(
     stored = random_tokens(40, 5)
     save(store, stored)
     for sub in ("chunks", "checkpoints"):
-        os.chmod(tmp_path / sub, 0o500)
+        os.chmod(model_dir(tmp_path) / sub, 0o500)
     try:
-        if os.access(tmp_path / "chunks", os.W_OK):
+        if os.access(model_dir(tmp_path) / "chunks", os.W_OK):
             pytest.skip("running as root: permissions cannot make a directory read-only")
         caplog.set_level(logging.WARNING)
         assert [save(store, random_tokens(40, s)).status for s in (6, 7)] == ["failed", "failed"]
@@ -102,7 +102,7 @@ def test_a_directory_made_read_only_skips_stores_and_still_serves_loads(
         assert len(warnings_of(caplog)) == 1
     finally:
         for sub in ("chunks", "checkpoints"):
-            os.chmod(tmp_path / sub, 0o700)
+            os.chmod(model_dir(tmp_path) / sub, 0o700)
 
 
 def test_a_read_only_filesystem_skips_stores_even_for_root(

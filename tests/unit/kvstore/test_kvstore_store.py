@@ -15,6 +15,7 @@ from kvstore_helpers import (
     bits,
     kv_for,
     make_identity,
+    model_dir,
     open_store,
     random_tokens,
     save,
@@ -22,15 +23,15 @@ from kvstore_helpers import (
 )
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import CheckpointMeta, TextKey
+from kvserve.kvstore import CheckpointMeta, StoreIdentity, TextKey
 
 
-def chunk_files(directory: Path) -> list[Path]:
-    return sorted((directory / "chunks").glob("*.kvc"))
+def chunk_files(root: Path, identity: StoreIdentity | None = None) -> list[Path]:
+    return sorted((model_dir(root, identity) / "chunks").glob("*.kvc"))
 
 
-def manifest_path(directory: Path, token_ids: list[int]) -> Path:
-    return directory / "checkpoints" / f"{TextKey.of(text_of(token_ids)).sha1}.kvm"
+def manifest_path(root: Path, token_ids: list[int], identity: StoreIdentity | None = None) -> Path:
+    return model_dir(root, identity) / "checkpoints" / f"{TextKey.of(text_of(token_ids)).sha1}.kvm"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -88,7 +89,7 @@ def test_a_flipped_byte_in_a_chunk_removes_every_checkpoint_using_it(tmp_path: P
     save(store, first)
     save(store, second)
     shared = store.get(TextKey.of(text_of(first)).sha1).chunks[1]
-    path = tmp_path / "chunks" / f"{shared.key}.kvc"
+    path = model_dir(tmp_path) / "chunks" / f"{shared.key}.kvc"
     data = bytearray(path.read_bytes())
     data[-10] ^= 0x01
     path.write_bytes(data)
@@ -110,17 +111,40 @@ def test_a_corrupt_manifest_is_removed_on_load(tmp_path: Path) -> None:
     assert not path.exists() and chunk_files(tmp_path) == []
 
 
-def test_entries_of_another_model_are_removed_at_open(tmp_path: Path) -> None:
-    save(open_store(tmp_path), random_tokens(40, 9))
+@pytest.mark.parametrize(
+    "other", [make_identity(fingerprint="another-model:bfloat16:none"), make_identity("float32")]
+)
+def test_models_alternating_in_one_directory_keep_each_others_checkpoints(
+    tmp_path: Path, other: StoreIdentity
+) -> None:
+    first, second = random_tokens(40, 9), random_tokens(40, 10)
+    store = open_store(tmp_path)
+    save(store, first)
+    store.close()
+    other_store = open_store(tmp_path, other)
+    assert other_store.stats().num_checkpoints == 0  # A's entries are not B's ...
+    assert save(other_store, second).status == "stored"
+    other_store.close()
+    assert len(chunk_files(tmp_path)) == 3  # ... and B's store left them alone
+    reopened = open_store(tmp_path)
+    assert (
+        reopened.stats().num_checkpoints == 1 and reopened.load(TextKey.of(text_of(first)).sha1) is not None
+    )
+    assert open_store(tmp_path, other).load(TextKey.of(text_of(second)).sha1) is not None
+
+
+def test_an_entry_of_another_model_inside_a_models_subdirectory_is_removed(tmp_path: Path) -> None:
     other = make_identity(fingerprint="another-model:bfloat16:none")
-    store = open_store(tmp_path, other)
+    tokens = random_tokens(40, 11)
+    assert save(open_store(tmp_path, other), tokens).status == "stored"
+    open_store(tmp_path).close()  # creates our own subdirectory
+    for chunk in chunk_files(tmp_path, other):  # copied by hand into the wrong subdirectory
+        (model_dir(tmp_path) / "chunks" / chunk.name).write_bytes(chunk.read_bytes())
+    manifest_path(tmp_path, tokens).write_bytes(manifest_path(tmp_path, tokens, other).read_bytes())
+    store = open_store(tmp_path)
     assert store.stats().num_checkpoints == 0
-    assert chunk_files(tmp_path) == [] and list((tmp_path / "checkpoints").iterdir()) == []
-
-
-def test_entries_of_another_dtype_are_removed_at_open(tmp_path: Path) -> None:
-    save(open_store(tmp_path), random_tokens(40, 10))
-    assert open_store(tmp_path, make_identity("float32")).stats().num_checkpoints == 0
+    assert chunk_files(tmp_path) == [] and not manifest_path(tmp_path, tokens).exists()
+    assert len(chunk_files(tmp_path, other)) == 3  # the other model's own copy is untouched
 
 
 def test_a_save_for_another_identity_is_refused(tmp_path: Path) -> None:
@@ -139,7 +163,7 @@ def test_the_index_is_rebuilt_from_the_files(tmp_path: Path, damage: str) -> Non
     if damage != "stale":
         save(store, second)
     store.close()
-    index = tmp_path / "index.sqlite"
+    index = model_dir(tmp_path) / "index.sqlite"
     if damage == "delete":
         for suffix in ("", "-wal", "-shm"):
             Path(f"{index}{suffix}").unlink(missing_ok=True)
@@ -155,7 +179,7 @@ def test_the_index_is_rebuilt_from_the_files(tmp_path: Path, damage: str) -> Non
         other.close()
         src = manifest_path(tmp_path / "elsewhere", second)
         for chunk in chunk_files(tmp_path / "elsewhere"):
-            (tmp_path / "chunks" / chunk.name).write_bytes(chunk.read_bytes())
+            (model_dir(tmp_path) / "chunks" / chunk.name).write_bytes(chunk.read_bytes())
         manifest_path(tmp_path, second).write_bytes(src.read_bytes())
     reopened = open_store(tmp_path)
     assert reopened.stats().num_checkpoints == 2
@@ -170,8 +194,10 @@ def test_orphan_chunks_and_manifests_missing_a_chunk_are_cleaned_at_open(tmp_pat
     save(store, first)
     save(store, second)
     store.close()
-    (tmp_path / "chunks" / f"{'f' * 32}.kvc").write_bytes(b"orphan")  # a crash between chunk and manifest
-    (tmp_path / "chunks" / f"{open_store_chunk_key(tmp_path, second)}.kvc").unlink()
+    (model_dir(tmp_path) / "chunks" / f"{'f' * 32}.kvc").write_bytes(
+        b"orphan"
+    )  # a crash between chunk and manifest
+    (model_dir(tmp_path) / "chunks" / f"{open_store_chunk_key(tmp_path, second)}.kvc").unlink()
     reopened = open_store(tmp_path)
     assert [c.checkpoint_id for c in reopened.checkpoints()] == [TextKey.of(text_of(first)).sha1]
     assert len(chunk_files(tmp_path)) == 3
@@ -189,8 +215,8 @@ def test_leftover_temp_files_are_ignored_and_removed(tmp_path: Path) -> None:
     save(store, tokens)
     store.close()
     leftovers = [
-        tmp_path / "chunks" / f"{'a' * 32}.kvc.tmp.999.0",
-        tmp_path / "checkpoints" / f"{'b' * 40}.kvm.tmp.999.1",
+        model_dir(tmp_path) / "chunks" / f"{'a' * 32}.kvc.tmp.999.0",
+        model_dir(tmp_path) / "checkpoints" / f"{'b' * 40}.kvm.tmp.999.1",
     ]
     for path in leftovers:
         path.write_bytes(b"half written")
@@ -207,7 +233,8 @@ def test_directories_are_private_and_files_0600(tmp_path: Path) -> None:
     store = open_store(directory)
     save(store, random_tokens(40, 17))
     store.hit(store.checkpoints()[0].checkpoint_id)
-    for path in [directory, directory / "chunks", directory / "checkpoints"]:
+    own = model_dir(directory)
+    for path in [directory, own, own / "chunks", own / "checkpoints"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
     files = [p for p in directory.rglob("*") if p.is_file()]
     assert any(p.name == "index.sqlite" for p in files) and any(p.suffix == ".kvc" for p in files)
@@ -270,7 +297,7 @@ def test_hits_and_last_used_are_persisted_in_the_manifest(tmp_path: Path) -> Non
     clock.now = 3000.0
     store.touch(checkpoint_id)
     store.close()
-    (tmp_path / "index.sqlite").unlink()  # the manifest alone must carry the bookkeeping
+    (model_dir(tmp_path) / "index.sqlite").unlink()  # the manifest alone must carry the bookkeeping
     meta = open_store(tmp_path, clock=clock).get(checkpoint_id).meta
     assert (meta.hits, meta.last_used, meta.created) == (1, 3000.0, 1000.0)
 
@@ -281,7 +308,7 @@ def test_verify_removes_entries_whose_payload_is_corrupt(tmp_path: Path) -> None
     save(store, good)
     save(store, bad)
     key = store.get(TextKey.of(text_of(bad)).sha1).chunks[-1].key
-    path = tmp_path / "chunks" / f"{key}.kvc"
+    path = model_dir(tmp_path) / "chunks" / f"{key}.kvc"
     data = bytearray(path.read_bytes())
     data[-1] ^= 0x80  # payload only: the cheap header check at open cannot see it
     path.write_bytes(data)
@@ -306,7 +333,7 @@ def test_a_save_that_fails_midway_leaves_no_files(tmp_path: Path) -> None:
     meta = CheckpointMeta.new(store.identity, text_of(tokens), 64, "cold")
     hashes = compute_block_hashes(tokens, 4, store.identity.fingerprint)
     assert store.save(meta, tokens, hashes, failing_after_two).status == "failed"
-    assert chunk_files(tmp_path) == [] and list((tmp_path / "checkpoints").iterdir()) == []
+    assert chunk_files(tmp_path) == [] and list((model_dir(tmp_path) / "checkpoints").iterdir()) == []
     assert save(store, tokens).status == "stored"
 
 
@@ -316,7 +343,7 @@ def test_an_existing_directory_keeps_its_mode(tmp_path: Path) -> None:
     os.chmod(shared, 0o755)
     open_store(shared)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o755
-    assert stat.S_IMODE((shared / "chunks").stat().st_mode) == 0o700
+    assert stat.S_IMODE((model_dir(shared) / "chunks").stat().st_mode) == 0o700
 
 
 def test_the_engine_copies_out_only_missing_chunks_and_a_vanished_one_skips_the_save(tmp_path: Path) -> None:
@@ -352,3 +379,25 @@ def test_token_ids_come_from_the_manifest_without_reading_kv(tmp_path: Path) -> 
     checkpoint = store.lookup_by_text_prefix(text_of(tokens) + "<5>")
     assert store.token_ids(checkpoint) == tokens
     assert store.load(checkpoint) is None and store.token_ids(checkpoint) is None  # KV gone: entry removed
+
+
+def test_the_budget_bounds_the_whole_directory_but_a_store_evicts_only_its_own_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = make_identity(fingerprint="another-model:bfloat16:none")
+    first = open_store(tmp_path, other)
+    save(first, random_tokens(64, 20))
+    first.close()
+    other_bytes = sum(p.stat().st_size for p in model_dir(tmp_path, other).glob("c*/*"))
+    budget = other_bytes + 6000  # room beside the other model for about one 64-token checkpoint
+    store = open_store(tmp_path, budget_bytes=budget)
+    assert save(store, random_tokens(64, 21)).status == "stored"
+    assert save(store, random_tokens(64, 22)).status == "stored"  # evicted its own first one
+    assert [c.meta.num_tokens for c in store.checkpoints()] == [64] and store.stats().num_evictions == 1
+    assert len(chunk_files(tmp_path, other)) == 4  # never the other model's
+    store.close()
+    crowded = open_store(tmp_path, budget_bytes=other_bytes + 100)
+    assert crowded.stats().num_checkpoints == 0  # trimmed to what the other model leaves: nothing
+    assert save(crowded, random_tokens(64, 23)).status == "too_large"  # beside the other model
+    assert any("other models' checkpoints take" in r.getMessage() for r in caplog.records)
+    assert len(chunk_files(tmp_path, other)) == 4
