@@ -121,7 +121,7 @@ def test_a_tp2_disk_checkpoint_reloads_at_tp2_and_is_not_used_at_tp1(
         assert engine.disk_tier is not None and engine.disk_tier.stats().num_hits == 1
         assert request.num_cached_tokens >= 1200 // 16 * 16  # loaded and scattered back to both ranks
         assert [t for o in outputs for t in o.new_token_ids] == cold["r0"]
-    with _engine(tiny_llama_dir, tp=1, kv_store=store) as engine:  # another cache key: removed
+    with _engine(tiny_llama_dir, tp=1, kv_store=store) as engine:  # another identity: its own subdirectory
         assert engine.disk_tier is not None and engine.disk_tier.stats().num_checkpoints == 0
         request = engine.make_request("r0", follow_up, GREEDY)
         assert [t for o in engine.generate([request])["r0"] for t in o.new_token_ids] == cold["r0"]
