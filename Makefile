@@ -18,6 +18,9 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=$(call cpu_has,avx) -DGGML_AVX2
 	-DGGML_AVX512=$(call cpu_has,avx512f) -DGGML_AVX512_VBMI=$(call cpu_has,avx512vbmi) \
 	-DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) \
 	-DGGML_AVX_VNNI=$(call cpu_has,avx_vnni) -DLLAVA_BUILD=OFF
+# A folder of llama-cpp-python wheels built for this CPU (e.g. LLAMA_WHEELS=/work/wheels) skips the
+# 10-minute source build; pip falls back to building from source when no wheel there matches.
+LLAMA_WHEELS ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2
@@ -46,7 +49,8 @@ test-fast: $(STAMP)
 
 $(VENV)/.llama-cpp-stamp: $(STAMP)
 	@echo "llama.cpp build flags: $(LLAMA_CMAKE_ARGS)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --no-cache-dir 'llama-cpp-python[server]==0.3.36'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install --no-cache-dir $(if $(LLAMA_WHEELS),--find-links $(LLAMA_WHEELS)) \
+		'llama-cpp-python[server]==0.3.36'
 	touch $@
 
 bench-peer: $(VENV)/.llama-cpp-stamp

@@ -64,6 +64,7 @@ def build_model_inputs(
         query_start_loc_cpu=query_start_loc,
         seq_lens_cpu=seq_lens,
         context_lens_cpu=context_lens,
+        seq_ids=[s.request.request_id for s in scheduled],
     )
     return ModelInputs(
         input_ids=_to(torch.tensor(token_ids, dtype=torch.int64), device),

@@ -85,6 +85,14 @@ def test_goodput_counts_requests_meeting_every_slo() -> None:
     assert e2e.request_goodput == pytest.approx(2.0)
 
 
+def test_goodput_slo_is_inclusive_like_vllm() -> None:
+    # vLLM counts a request as good when `slo >= value`: one exactly at its SLO meets it.
+    at_limit = RequestResult(True, 1, 3, ttft=0.5, latency=1.0)  # ttft 500 ms, tpot 250 ms (exact in binary)
+    just_over = RequestResult(True, 1, 3, ttft=0.5, latency=1.001)
+    m = compute_metrics([at_limit, just_over], duration_s=1.0, slo=SLO(ttft_ms=500, tpot_ms=250))
+    assert m.request_goodput == pytest.approx(1.0)
+
+
 def test_empty_stats_are_zero_like_vllm() -> None:
     assert stats_ms([]).mean == 0.0
     m = compute_metrics([RequestResult(False, 5, 0, error="x")], duration_s=1.0)

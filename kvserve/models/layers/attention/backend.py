@@ -3,6 +3,8 @@
 A backend is stateless with respect to the model (one instance is shared by every layer);
 it may memoize per-batch work (masks, gathered block tables) keyed on the identity of
 the current `AttentionMetadata`, since every layer of one forward sees the same batch.
+The one exception is the torch backend's CPU decode workspace, which keeps per-sequence KV
+copies from one forward to the next (keyed by `AttentionMetadata.seq_ids`).
 """
 
 from __future__ import annotations

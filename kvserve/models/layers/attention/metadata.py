@@ -25,6 +25,9 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int]  # [num_seqs + 1] offsets of each sequence's queries in the flat batch
     seq_lens_cpu: list[int]  # [num_seqs]
     context_lens_cpu: list[int]  # [num_seqs] tokens already in the cache before this step
+    # [num_seqs] the engine's request ids; with them a CPU backend may keep per-sequence state
+    # across steps (the torch backend's decode workspace). None: every step stands alone.
+    seq_ids: list[str] | None = None
 
     @property
     def num_seqs(self) -> int:

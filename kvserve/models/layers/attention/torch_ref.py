@@ -4,6 +4,10 @@ It is the correctness oracle on every device and the production path on CPU, so 
 per-layer work is kept to a few large ops: one index_copy_ per K/V write, one gather
 plus one SDPA for the whole decode group, one SDPA per prefill chunk. Shapes come from
 the metadata's host lists, so nothing here forces a device sync.
+
+On CPU, when the metadata names its sequences, the decode group reads a `DecodeWorkspace`
+instead of gathering: contiguous per-sequence KV kept across steps and extended by one
+token per step (the gather moved about twice the KV bytes SDPA reads).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvserve.models.layers.attention.decode_workspace import DecodeWorkspace, RowPlan
 from kvserve.models.layers.attention.metadata import AttentionMetadata
 
 
@@ -34,9 +39,18 @@ class _PrefillPlan:
 
 
 @dataclass(frozen=True)
+class _WorkspacePlan:
+    rows: RowPlan
+    key_start: int  # keys before it are outside every row's window
+    num_keys: int  # keys [key_start, key_start + num_keys) are read
+    mask: torch.Tensor  # [num_rows, 1, 1, num_keys] additive (0 / -inf), in the cache dtype
+
+
+@dataclass(frozen=True)
 class _Plan:
     decode: _DecodePlan | None
     prefills: tuple[_PrefillPlan, ...]
+    workspace: _WorkspacePlan | None = None
 
 
 class TorchRefBackend:
@@ -47,6 +61,8 @@ class TorchRefBackend:
         # NOTE: keyed on the metadata object's identity, so metadata must not be mutated in place.
         self._plan_metadata: AttentionMetadata | None = None
         self._plans: dict[int | None, _Plan] = {}
+        self.workspace = DecodeWorkspace()
+        self._rows: RowPlan | None = None  # this forward's workspace rows; None: gather from the pool
 
     def write_kv(
         self, cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
@@ -66,24 +82,49 @@ class TorchRefBackend:
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
-        plan = self._plan(metadata, sliding_window)
+        plan = self._plan(metadata, sliding_window, cache)
         outputs: list[torch.Tensor] = []
-        if plan.decode is not None:
-            outputs.append(_attend_decode(q[: plan.decode.num_seqs], cache, plan.decode, scale))
+        num_decodes = metadata.num_decodes
+        buffer = None
+        if plan.workspace is not None:
+            tables = metadata.block_tables[:num_decodes]
+            buffer = self.workspace.update(
+                cache, plan.workspace.rows, k[:num_decodes], v[:num_decodes], tables
+            )
+        if buffer is not None:
+            assert plan.workspace is not None
+            outputs.append(_attend_workspace(q[:num_decodes], buffer, plan.workspace, scale))
+        elif num_decodes:
+            decode = plan.decode or _plan_decode(metadata, sliding_window)  # a layer over the budget
+            outputs.append(_attend_decode(q[:num_decodes], cache, decode, scale))
         for prefill in plan.prefills:
             outputs.append(_attend_prefill(q, k, v, cache, prefill, scale))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
-    def _plan(self, metadata: AttentionMetadata, window: int | None) -> _Plan:
+    def _plan(self, metadata: AttentionMetadata, window: int | None, cache: torch.Tensor) -> _Plan:
         if self._plan_metadata is not metadata:
             self._plan_metadata, self._plans = metadata, {}
+            self._rows = self._plan_rows(metadata, cache)
         plan = self._plans.get(window)
         if plan is None:
-            decode = _plan_decode(metadata, window) if metadata.num_decodes else None
+            workspace = None
+            if self._rows is not None:
+                workspace = _plan_workspace(self._rows, window, cache.dtype)
+            decode = None
+            if metadata.num_decodes and workspace is None:
+                decode = _plan_decode(metadata, window)
             prefill_ids = range(metadata.num_decodes, metadata.num_seqs)
             prefills = tuple(_plan_prefill(metadata, i, window) for i in prefill_ids)
-            plan = self._plans[window] = _Plan(decode, prefills)
+            plan = self._plans[window] = _Plan(decode, prefills, workspace)
         return plan
+
+    def _plan_rows(self, metadata: AttentionMetadata, cache: torch.Tensor) -> RowPlan | None:
+        """Once per forward: the workspace rows of the decode group (CPU, named sequences only)."""
+        num_decodes = metadata.num_decodes
+        if metadata.seq_ids is None or not num_decodes or cache.device.type != "cpu":
+            self.workspace.forget()
+            return None
+        return self.workspace.plan(metadata.seq_ids[:num_decodes], metadata.seq_lens_cpu[:num_decodes])
 
 
 def _first_visible_block(first_query_pos: int, block_size: int, window: int | None) -> int:
@@ -114,6 +155,19 @@ def _plan_decode(metadata: AttentionMetadata, window: int | None) -> _DecodePlan
             visible &= key_pos >= lens - window
         mask = visible[:, None, None, :]
     return _DecodePlan(num_decodes, block_tables, num_keys, mask)
+
+
+def _plan_workspace(rows: RowPlan, window: int | None, dtype: torch.dtype) -> _WorkspacePlan:
+    lens = torch.tensor(rows.row_lens, dtype=torch.int64)[:, None]  # [num_rows, 1]
+    used = [n for n in rows.row_lens if n]
+    key_start = 0 if window is None else max(0, min(used) - window)
+    key_pos = torch.arange(key_start, max(used))[None, :]  # [1, num_keys]
+    visible = key_pos < lens
+    if window is not None:
+        visible &= key_pos >= lens - window
+    visible[lens[:, 0] == 0, 0] = True  # unused rows: one (ignored) key, so no row is all -inf
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+    return _WorkspacePlan(rows, key_start, visible.shape[1], mask[:, None, None, :])
 
 
 def _plan_prefill(metadata: AttentionMetadata, seq_idx: int, window: int | None) -> _PrefillPlan:
@@ -147,6 +201,24 @@ def _attend_decode(q: torch.Tensor, cache: torch.Tensor, plan: _DecodePlan, scal
     q = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(cache.dtype)
     out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=plan.mask, scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim).to(dtype)
+
+
+def _attend_workspace(
+    q: torch.Tensor, buffer: torch.Tensor, plan: _WorkspacePlan, scale: float
+) -> torch.Tensor:
+    """q: [num_decodes, num_heads, head_dim]; buffer: [2, rows, kvh, capacity, head_dim]."""
+    num_decodes, num_heads, head_dim = q.shape
+    rows, num_kv_heads, dtype = plan.rows, buffer.shape[2], q.dtype
+    # GQA without copying KV: the query heads sharing a KV head become rows of one query block.
+    q = q.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim).to(buffer.dtype)
+    if not rows.is_identity:  # decodes sit in scattered rows: queries go to theirs
+        q = q.new_zeros(rows.num_rows, *q.shape[1:]).index_copy_(0, rows.rows, q)
+    keys = slice(plan.key_start, plan.key_start + plan.num_keys)
+    k, v = buffer[0, : rows.num_rows, :, keys], buffer[1, : rows.num_rows, :, keys]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.mask, scale=scale)
+    if not rows.is_identity:
+        out = out.index_select(0, rows.rows)
+    return out.reshape(num_decodes, num_heads, head_dim).to(dtype)
 
 
 def _attend_prefill(
