@@ -96,6 +96,7 @@ def build_save_job(
     block_hashes: list[BlockHash],
     block_ids: list[int],
     copy_out: CopyOut,
+    supersedes: str | None = None,
 ) -> tuple[SaveJob, int]:
     """Copy out the KV of the chunks the store lacks (one copy of the blocks covering them)
     and wrap it in a job; the provider serves slices of that copy. Also returns how many
@@ -117,7 +118,8 @@ def build_save_job(
         return copies[span.key]
 
     num_new_tokens = sum(span.num_tokens for span in missing)
-    return SaveJob(meta, tuple(token_ids), tuple(block_hashes), provider), num_new_tokens
+    job = SaveJob(meta, tuple(token_ids), tuple(block_hashes), provider, supersedes)
+    return job, num_new_tokens
 
 
 def new_meta(

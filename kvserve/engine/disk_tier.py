@@ -89,6 +89,7 @@ class DiskTier:
         self._prefilled: set[str] = set()  # requests whose cold-save decision is made
         self._last_frontier: dict[str, int] = {}
         self._written: dict[str, int] = {}  # request id -> tokens its cold/continued saves sent to disk
+        self._sessions: dict[str, str] = {}  # agent session id -> its latest agent_session checkpoint
         self._num_hits = self._num_hit_tokens = self._num_saves = self._num_saved_bytes = 0
         self._closed = False
         self._final_stats: DiskTierStats | None = None
@@ -259,10 +260,15 @@ class DiskTier:
             "request %s: agent_session checkpoint of session %s, %d tokens",
             request.request_id, session_id or "?", num_tokens,
         )  # fmt: skip
-        self._save_request(request, num_tokens, "agent_session")
+        self._save_request(request, num_tokens, "agent_session", session_id=session_id)
 
     def _save_request(
-        self, request: Request, num_tokens: int, reason: SaveReason, block: bool = False
+        self,
+        request: Request,
+        num_tokens: int,
+        reason: SaveReason,
+        block: bool = False,
+        session_id: str | None = None,
     ) -> None:
         num_tokens -= num_tokens % self.block_size
         if request.is_finished:  # freed already (its full blocks stay cached): hash afresh
@@ -271,12 +277,17 @@ class DiskTier:
             )
         else:
             hashes = self.kv.block_hashes(request, num_tokens)
-        written = self._save(CachedSequence(request.all_token_ids[:num_tokens], hashes), reason, block)
+        sequence = CachedSequence(request.all_token_ids[:num_tokens], hashes)
+        written = self._save(sequence, reason, block, session_id)
         if written:
             self._written[request.request_id] = self._written.get(request.request_id, 0) + written
 
-    def _save(self, sequence: CachedSequence, reason: SaveReason, block: bool = False) -> int:
-        """Submit a checkpoint; returns how many tokens of KV it sends to disk (0: none or skipped)."""
+    def _save(
+        self, sequence: CachedSequence, reason: SaveReason, block: bool = False, session_id: str | None = None
+    ) -> int:
+        """Submit a checkpoint; returns how many tokens of KV it sends to disk (0: none or skipped).
+        With a `session_id`, the session's previous checkpoint (this process's) is deleted once this
+        one is stored: a session resumes from its latest turn, never an older one."""
         token_ids, hashes = sequence
         if len(token_ids) < self.policy.min_tokens or self._closed:
             return 0
@@ -287,13 +298,18 @@ class DiskTier:
             block_ids = resolve_block_ids(self.kv, hashes, self._evicted)
             if block_ids is None:
                 return 0
+            supersedes = self._sessions.get(session_id) if session_id else None
             job, num_new_tokens = build_save_job(
-                self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out
+                self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out, supersedes
             )
         except (OSError, sqlite3.Error) as error:  # a checkpoint is an optimization: skip it, keep serving
             logger.warning("disk KV cache: %s checkpoint skipped: %s", reason, error)
             return 0
-        return num_new_tokens if self.writer.submit(job, block=block) else 0
+        if not self.writer.submit(job, block=block):
+            return 0
+        if session_id:
+            self._sessions[session_id] = meta.checkpoint_id
+        return num_new_tokens
 
     def _on_free(self, request: Request, sequence: CachedSequence) -> None:
         if len(sequence.token_ids) >= self.policy.min_tokens:

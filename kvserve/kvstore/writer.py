@@ -25,6 +25,10 @@ class SaveJob:
     token_ids: Sequence[int]
     block_hashes: Sequence[int]
     provider: ChunkProvider  # must read copies, not live KV blocks the engine may reuse
+    # A checkpoint this one replaces (an agent session's previous turn): deleted once this one is
+    # stored, so a long session keeps one checkpoint instead of one per turn. Its chunks that this
+    # one shares stay (chunks are reference counted); only its own tail chunk and manifest go.
+    supersedes: str | None = None
 
 
 @dataclass
@@ -103,6 +107,7 @@ class CheckpointWriter:
             return
         if result.status == "stored":
             self.stats.num_saved += 1
+            self._delete_superseded(job, result.checkpoint_id)
         elif result.status == "failed":  # a disk error, already logged by the store
             self.stats.num_failed += 1
         else:
@@ -110,3 +115,12 @@ class CheckpointWriter:
             logger.info("kvstore: checkpoint %s not stored: %s", result.checkpoint_id, result.status)
         if self._on_result is not None:
             self._on_result(result)
+
+    def _delete_superseded(self, job: SaveJob, stored_id: str) -> None:
+        if job.supersedes is None or job.supersedes == stored_id:
+            return
+        try:
+            if self.store.delete(job.supersedes):
+                logger.info("kvstore: checkpoint %s superseded by %s, deleted", job.supersedes, stored_id)
+        except OSError as error:  # eviction removes it later; the new checkpoint is what matters
+            logger.warning("kvstore: could not delete superseded checkpoint %s: %s", job.supersedes, error)

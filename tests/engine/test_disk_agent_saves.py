@@ -85,3 +85,21 @@ def test_a_hint_without_a_disk_tier_is_ignored(tiny_llama_dir: Path) -> None:
     assert engine.disk_tier is None
     tokens, request = _run(engine, _tokens(40, 7) + USER + _tokens(10, 8), "no-disk", params=SHORT)
     assert len(tokens) == 2 and request.is_finished
+
+
+def test_a_session_keeps_only_its_latest_checkpoint(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    prompt = _tokens(600, 9) + USER + _tokens(300, 10) + ASSISTANT
+    engine = _engine(tiny_llama_dir, tmp_path)
+    reply, _ = _run(engine, prompt, "turn1", params=SHORT)
+    assert _checkpoints(engine)["agent_session"] == [(len(prompt) + 2 - 1) // 16 * 16]
+    turn2 = prompt + reply + USER + _tokens(60, 11) + ASSISTANT
+    reply2, _ = _run(engine, turn2, "turn2", params=SHORT)
+    latest = (len(turn2) + 2 - 1) // 16 * 16
+    assert _checkpoints(engine)["agent_session"] == [latest]  # turn 1's was superseded and deleted
+    other = _tokens(600, 9) + USER + _tokens(300, 12) + ASSISTANT
+    _run(engine, other, "other", hint=CheckpointHint("s2", save_session=True), params=SHORT)
+    assert len(_checkpoints(engine)["agent_session"]) == 2  # another session's is its own
+
+    fresh = _engine(tiny_llama_dir, tmp_path)
+    _, request = _run(fresh, turn2 + reply2 + USER + _tokens(10, 13) + ASSISTANT, "turn3", params=SHORT)
+    assert request.num_cached_tokens == latest  # the surviving checkpoint still serves the session
