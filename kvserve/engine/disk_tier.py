@@ -89,7 +89,8 @@ class DiskTier:
         self._prefilled: set[str] = set()  # requests whose cold-save decision is made
         self._last_frontier: dict[str, int] = {}
         self._written: dict[str, int] = {}  # request id -> tokens its cold/continued saves sent to disk
-        self._sessions: dict[str, str] = {}  # agent session id -> its latest agent_session checkpoint
+        # agent session id -> (its latest agent_session checkpoint, that checkpoint's last block hash)
+        self._sessions: dict[str, tuple[str, int, BlockHash]] = {}
         self._num_hits = self._num_hit_tokens = self._num_saves = self._num_saved_bytes = 0
         self._closed = False
         self._final_stats: DiskTierStats | None = None
@@ -298,7 +299,7 @@ class DiskTier:
             block_ids = resolve_block_ids(self.kv, hashes, self._evicted)
             if block_ids is None:
                 return 0
-            supersedes = self._sessions.get(session_id) if session_id else None
+            supersedes = self._superseded(session_id, hashes)
             job, num_new_tokens = build_save_job(
                 self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out, supersedes
             )
@@ -307,9 +308,20 @@ class DiskTier:
             return 0
         if not self.writer.submit(job, block=block):
             return 0
-        if session_id:
-            self._sessions[session_id] = meta.checkpoint_id
+        if session_id and hashes:
+            self._sessions[session_id] = (meta.checkpoint_id, len(hashes), hashes[-1])
         return num_new_tokens
+
+    def _superseded(self, session_id: str | None, hashes: Sequence[BlockHash]) -> str | None:
+        """The session's previous checkpoint when this sequence extends it (chain hashes: the block
+        at its end matches), else None: a compacted session, or another client that happens to use
+        the same session name, never deletes a checkpoint it does not contain."""
+        previous = self._sessions.get(session_id) if session_id else None
+        if previous is None:
+            return None
+        checkpoint_id, num_blocks, last_hash = previous
+        extends = num_blocks <= len(hashes) and hashes[num_blocks - 1] == last_hash
+        return checkpoint_id if extends else None
 
     def _on_free(self, request: Request, sequence: CachedSequence) -> None:
         if len(sequence.token_ids) >= self.policy.min_tokens:

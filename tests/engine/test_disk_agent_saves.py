@@ -99,6 +99,9 @@ def test_a_session_keeps_only_its_latest_checkpoint(tiny_llama_dir: Path, tmp_pa
     other = _tokens(600, 9) + USER + _tokens(300, 12) + ASSISTANT
     _run(engine, other, "other", hint=CheckpointHint("s2", save_session=True), params=SHORT)
     assert len(_checkpoints(engine)["agent_session"]) == 2  # another session's is its own
+    same_name = _tokens(600, 14) + USER + _tokens(300, 15) + ASSISTANT  # s1 again, not extending turn 2
+    _run(engine, same_name, "same-name", params=SHORT)
+    assert _checkpoints(engine)["agent_session"] == [896, 896, latest]  # turn 2's stays: not contained
 
     fresh = _engine(tiny_llama_dir, tmp_path)
     _, request = _run(fresh, turn2 + reply2 + USER + _tokens(10, 13) + ASSISTANT, "turn3", params=SHORT)
