@@ -111,7 +111,11 @@ class DecodeGraphs:
         packed[_SEQ_LENS, start:end] = 1
 
     def _capture_all(self, budget: int) -> None:
-        # The graphs' private pool is part of the caching allocator's reserved memory.
+        # The graphs' private pool is part of the caching allocator's reserved memory. torch.cuda.graph
+        # empties the allocator's cache on entry, so measure from an emptied cache: otherwise freed
+        # warm-up blocks count against the graphs (the H200 run logged "-674 MiB" for the 8B shape)
+        # and the budget check below sees too little.
+        torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved()
         pool = torch.cuda.graph_pool_handle()
         # Largest first: the smaller graphs reuse its activations in the shared pool.
