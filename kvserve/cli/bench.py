@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     e.add_argument("--peer-decode-tokens", type=int, default=32, help="--shape: new tokens per HF run")
     e.add_argument("--repeats", type=int, default=3, help="best of N runs for every figure")
-    e.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    e.add_argument(
+        "--no-peer", action="store_true", help="skip the peer (llama.cpp; with --shape, HF transformers)"
+    )
     e.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads for both engines")
     e.add_argument("--json", type=Path, default=None, help="also write the results here")
     add_engine_args(e)
