@@ -55,6 +55,9 @@ class EngineConfig:
     weight_quant: WeightQuantName = "none"
     attention_backend: AttentionBackendName = "auto"  # auto = triton on CUDA, torch_ref on CPU
     enforce_eager: bool = False  # CUDA: no decode CUDA graphs
+    # Launch greedy decode step n + 1 before reading step n's tokens (engine/overlap.py). None = auto:
+    # on where decode runs in CUDA graphs; elsewhere the host is not what a step waits for.
+    async_scheduling: bool | None = None
     # Ranks (one process and one device each) that shard the model; see kvserve/distributed.
     tensor_parallel_size: int = 1
     cache: CacheConfig = field(default_factory=CacheConfig)

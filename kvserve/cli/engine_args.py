@@ -70,6 +70,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
     g.add_argument(
+        "--async-scheduling",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="launch greedy decode step n+1 before reading step n's tokens; auto = on with CUDA graphs",
+    )
+    g.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=d.tensor_parallel_size,
@@ -113,6 +119,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         weight_quant=args.weight_quant,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
+        async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
         tensor_parallel_size=args.tensor_parallel_size,
         cache=CacheConfig(
             block_size=args.block_size,

@@ -14,6 +14,7 @@ from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.disk_tier import DiskTier
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
+from kvserve.engine.overlap import PendingStep, can_overlap
 from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
@@ -59,6 +60,11 @@ class EngineCore:
         )
         runner = build_runner(config, loaded, self.num_blocks, self.max_model_len)
         self.runner: ModelRunner | TPDriver = runner if tp is None else tp.attach(runner)
+        overlap = config.async_scheduling
+        if overlap is None:
+            overlap = runner.graphs is not None
+        self.async_scheduling = overlap and tp is None
+        self._pending: PendingStep | None = None  # the launched step whose tokens are not read yet
         self.disk_tier = self._open_disk_tier()
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
@@ -139,6 +145,13 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[EngineOutput]:
+        if self.async_scheduling:
+            if can_overlap(self.scheduler, self.kv_manager.num_free_blocks) and self.runner.can_launch_greedy(
+                self.scheduler.num_running
+            ):
+                return self._overlapped_step()
+            if self._pending is not None:  # read it first; the next step() runs the usual way
+                return self._read_pending()
         disk = self.disk_tier
         if disk is not None:
             free_slots = self.scheduler.max_num_seqs - self.scheduler.num_running
@@ -155,8 +168,47 @@ class EngineCore:
         self.runner.release([o.request_id for o in outputs if o.finished])
         return outputs + _prefill_progress(scheduler_output, outputs)
 
+    def _overlapped_step(self) -> list[EngineOutput]:
+        """Plan and launch the next decode step, then read the pending one (see overlap.py)."""
+        pending = self._pending
+        scheduler_output = self.scheduler.schedule()
+        scheduled = scheduler_output.scheduled
+        # can_overlap() ruled out admissions, aborts and preemption: the plan is the running decodes.
+        assert not scheduler_output.preempted_ids and all(s.num_new_tokens == 1 for s in scheduled)
+        if self.disk_tier is not None:
+            self.disk_tier.save_evicted()
+        if pending is None:
+            tokens = self.runner.launch_greedy(scheduled)
+            outputs = []
+        else:
+            assert len(scheduled) == len(pending.scheduled)
+            assert all(s.request is p.request for s, p in zip(scheduled, pending.scheduled, strict=True))
+            tokens = self.runner.launch_greedy(scheduled, pending.tokens, pending.rows)
+            outputs = self._resolve(pending)  # the device is busy with the step just launched
+        live = [row for row, s in enumerate(scheduled) if not s.request.is_finished]
+        live_scheduled = [scheduled[row] for row in live]
+        self.scheduler.update_pending(live_scheduled)
+        self._pending = PendingStep(live_scheduled, tokens, live) if live else None
+        return outputs
+
+    def _read_pending(self) -> list[EngineOutput]:
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        return self._resolve(pending)
+
+    def _resolve(self, pending: PendingStep) -> list[EngineOutput]:
+        step_ids = pending.tokens.wait()
+        token_ids = [step_ids[row] for row in pending.rows]
+        outputs = self.scheduler.resolve_pending(pending.requests, token_ids)
+        if self.disk_tier is not None:
+            outputs = self.disk_tier.after_update(pending.scheduler_output, outputs)
+        self.runner.release([o.request_id for o in outputs if o.finished])
+        return outputs
+
     def shutdown(self) -> None:
         """Clean exit: save what is worth keeping to the disk tier and wait for the writes."""
+        if self._pending is not None:  # its tokens complete the requests the saves below copy
+            self._read_pending()
         if self.disk_tier is not None:
             self.disk_tier.shutdown(self.scheduler.running)
         if self.tp is not None:  # after the shutdown saves, which copy KV out of every rank

@@ -10,6 +10,8 @@ goes back to the front of the queue with its output so far.
 
 The engine calls `schedule()`, runs the model, then `update()`, every step (also when
 the plan is empty: `update()` is where the final outputs of aborted requests come from).
+Overlapped decode steps (engine/overlap.py) replace `update()` by `update_pending()` at launch and
+`resolve_pending()` once their tokens are read.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from dataclasses import dataclass, field
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, ScheduledRequest, SchedulerOutput
 from kvserve.engine.request import Logprob, Request, RequestStatus
+
+# Stands for a decode step's token while the step still runs: it keeps num_tokens one ahead of
+# num_computed_tokens, so the next schedule() plans the request's next decode as usual.
+PENDING_TOKEN = -1
 
 
 class RequestTooLongError(ValueError):
@@ -71,6 +77,10 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
+
+    @property
+    def has_pending_aborts(self) -> bool:
+        return bool(self._abort_ids)
 
     def add_request(self, request: Request) -> None:
         """Queue a request. Raises RequestTooLongError if its prompt can never be served."""
@@ -129,6 +139,29 @@ class Scheduler:
             if request.constraint is not None and not request.is_finished:
                 _advance_constraint(request, token_id)
             outputs.append(self._output(request, token_id, logprob))
+        self._release_finished()
+        return outputs
+
+    def update_pending(self, scheduled: list[ScheduledRequest]) -> None:
+        """Account a launched one-token decode step whose tokens are not known yet: each request's KV
+        grows by one token and it gets PENDING_TOKEN as its next output. The caller guarantees that
+        no request can end on its length in this step (only a token's value can end it)."""
+        for s in scheduled:
+            request = s.request
+            assert s.num_new_tokens == 1 and s.samples
+            request.num_computed_tokens += 1
+            # Full blocks up to here hold known tokens only: the pending one is the last token.
+            self.kv.cache_blocks(request, request.num_computed_tokens)
+            request.output_token_ids.append(PENDING_TOKEN)
+
+    def resolve_pending(self, requests: list[Request], token_ids: list[int]) -> list[EngineOutput]:
+        """The tokens of a step accounted by update_pending: stop checks and outputs, as update() does."""
+        outputs = []
+        for request, token_id in zip(requests, token_ids, strict=True):
+            assert request.output_token_ids[-1] == PENDING_TOKEN
+            request.output_token_ids[-1] = token_id
+            self._check_stop(request, token_id)
+            outputs.append(self._output(request, token_id, None))
         self._release_finished()
         return outputs
 

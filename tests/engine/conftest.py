@@ -48,6 +48,7 @@ def make_engine(
     max_num_batched_tokens: int = 256,
     kv_cache_memory_mb: int = 0,
     kv_store: KVStoreConfig | None = None,
+    async_scheduling: bool | None = None,
 ) -> EngineCore:
     config = EngineConfig(
         model=str(path),
@@ -56,6 +57,7 @@ def make_engine(
         cache=CacheConfig(block_size=block_size, kv_cache_memory_mb=kv_cache_memory_mb),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
         kv_store=kv_store,
+        async_scheduling=async_scheduling,
     )
     return EngineCore(config, load_tiny(path))
 

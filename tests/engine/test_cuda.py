@@ -36,6 +36,7 @@ def _engine(
     max_num_batched_tokens: int = 256,
     kv_cache_memory_mb: int = 64,
     gpu_memory_utilization: float = 0.9,
+    async_scheduling: bool | None = None,
 ) -> EngineCore:
     config = EngineConfig(
         model=str(path),
@@ -43,6 +44,7 @@ def _engine(
         device="cuda",
         attention_backend=backend,
         enforce_eager=eager,
+        async_scheduling=async_scheduling,
         cache=CacheConfig(
             block_size=16,
             kv_cache_memory_mb=kv_cache_memory_mb,
@@ -81,6 +83,35 @@ def test_graph_decode_equals_eager(tiny_llama_dir: Path, dtype: str) -> None:
     assert graphed.runner.graphs.num_replays > 0
     want = _generate(_engine(tiny_llama_dir, dtype, eager=True), PROMPTS)
     assert got == want
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_overlapped_graph_decode_equals_synchronous(tiny_llama_dir: Path, dtype: str) -> None:
+    # Stop tokens end rows 0 and 3 mid-batch, so later launches gather the survivors' ids on the device.
+    probe = _generate(_engine(tiny_llama_dir, dtype, async_scheduling=False), PROMPTS)
+    stops = {0: probe[0][4], 3: probe[3][9]}
+    runs = []
+    for async_scheduling in (True, False):
+        engine = _engine(tiny_llama_dir, dtype, async_scheduling=async_scheduling)
+        assert engine.async_scheduling is async_scheduling
+        requests = [
+            engine.make_request(
+                f"o{i}",
+                p,
+                SamplingParams(
+                    temperature=0.0,
+                    max_tokens=8 + 5 * i,
+                    ignore_eos=True,
+                    stop_token_ids=(stops[i],) if i in stops else (),
+                ),
+            )
+            for i, p in enumerate(PROMPTS)
+        ]
+        outputs = engine.generate(requests)
+        runs.append([[t for o in outputs[r.request_id] for t in o.new_token_ids] for r in requests])
+        assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_usable_blocks
+    assert runs[0] == runs[1]
+    assert runs[0][0][-1] == stops[0] and runs[0][3][-1] == stops[3]
 
 
 def test_seeded_sampling_graph_equals_eager(tiny_llama_dir: Path) -> None:

@@ -3,9 +3,13 @@
 A decode step at batch size B replays the graph of the smallest captured size >= B: the
 step's ids, positions, slots, lengths and block tables are copied from pinned host buffers
 into the static device buffers the graph reads (two async copies), then one replay runs the
-whole forward plus the logits. Padded rows get slot -1 (the Triton `write_kv` skips it) and
+whole forward plus the logits and their argmax. Padded rows get slot -1 (the Triton `write_kv` skips it) and
 length 1, so they write nothing and read one harmless key. The graph's grid never depends on
 sequence lengths (see triton_decode.py), so one capture serves every context length.
+
+Overlapped decode (engine/overlap.py) launches step n + 1 before the host has read step n's ids, so
+the pinned staging buffers are double-buffered: the host fills one set while the copy out of the
+other may still be queued behind the running step.
 """
 
 from __future__ import annotations
@@ -42,6 +46,23 @@ def token_at(scheduled: ScheduledRequest, position: int) -> int:
     return scheduled.request.output_token_ids[position - len(prompt)]
 
 
+class _Staging:
+    """Pinned host buffers one step fills: the packed per-token rows and the block tables."""
+
+    def __init__(self, max_batch_size: int, max_blocks_per_seq: int) -> None:
+        self.packed = torch.zeros(4, max_batch_size, dtype=torch.int64, pin_memory=True)
+        self.packed_np = self.packed.numpy()
+        self.tables = torch.zeros(max_batch_size, max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
+        self.tables_np = self.tables.numpy()
+
+
+def _pad_rows(packed, start: int, end: int) -> None:
+    packed[_IDS, start:end] = 0
+    packed[_POSITIONS, start:end] = 0
+    packed[_SLOTS, start:end] = -1
+    packed[_SEQ_LENS, start:end] = 1
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -58,11 +79,9 @@ class DecodeGraphs:
         self.sizes = tuple(b for b in GRAPH_BATCH_SIZES if b <= max_batch_size)
         max_bs = self.sizes[-1]
         # One packed int64 buffer for ids/positions/slots/lengths: one host->device copy per step.
-        self._packed_cpu = torch.zeros(4, max_bs, dtype=torch.int64, pin_memory=True)
-        self._packed_np = self._packed_cpu.numpy()
+        self._staging = [_Staging(max_bs, max_blocks_per_seq) for _ in range(2)]
+        self._flip = 0  # which staging set the next step fills
         self._packed = torch.zeros(4, max_bs, dtype=torch.int64, device=device)
-        self._tables_cpu = torch.zeros(max_bs, max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
-        self._tables_np = self._tables_cpu.numpy()
         self._tables = torch.zeros(max_bs, max_blocks_per_seq, dtype=torch.int32, device=device)
         self._tables_staging = torch.zeros(max_bs * max_blocks_per_seq, dtype=torch.int32, device=device)
         self._graphs: dict[int, _Graph] = {}
@@ -76,39 +95,42 @@ class DecodeGraphs:
     def can_run(self, scheduled: list[ScheduledRequest]) -> bool:
         return len(scheduled) <= self.max_batch_size and all(s.num_new_tokens == 1 for s in scheduled)
 
-    def run(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self, scheduled: list[ScheduledRequest], input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [len(scheduled), vocab] and their argmax [len(scheduled)] (views of the graph's
-        outputs, valid until the next run): an all-greedy step needs no kernel outside the graph."""
+        outputs, valid until the next run): an all-greedy step needs no kernel outside the graph.
+        `input_ids` (device, [len(scheduled)]): the step's input tokens when the host does not know
+        them yet (the previous step's argmax, still being computed); else they are read from the
+        requests."""
         num_seqs = len(scheduled)
         size = next(b for b in self.sizes if b >= num_seqs and b in self._graphs)
-        packed, block_size = self._packed_np, self.block_size
+        staging = self._staging[self._flip]
+        self._flip ^= 1
+        packed, block_size = staging.packed_np, self.block_size
         width = max(s.start for s in scheduled) // block_size + 1  # block-table columns in use
         # Compact [num_seqs, width] staging, so the host->device copy is one contiguous run.
-        tables = self._tables_np.reshape(-1)[: num_seqs * width].reshape(num_seqs, width)
+        tables = staging.tables_np.reshape(-1)[: num_seqs * width].reshape(num_seqs, width)
         for row, s in enumerate(scheduled):
             position = s.start
-            packed[_IDS, row] = token_at(s, position)
+            if input_ids is None:
+                packed[_IDS, row] = token_at(s, position)
             packed[_POSITIONS, row] = position
             packed[_SLOTS, row] = s.block_ids[position // block_size] * block_size + position % block_size
             packed[_SEQ_LENS, row] = position + 1
             num_blocks = position // block_size + 1
             tables[row, :num_blocks] = s.block_ids[:num_blocks]
-        self._pad_rows(num_seqs, size)
-        self._packed.copy_(self._packed_cpu, non_blocking=True)
+        _pad_rows(packed, num_seqs, size)
+        self._packed.copy_(staging.packed, non_blocking=True)
+        if input_ids is not None:  # stream-ordered after the step that computes them
+            self._packed[_IDS, :num_seqs].copy_(input_ids)
         staged = self._tables_staging[: num_seqs * width]
-        staged.copy_(self._tables_cpu.view(-1)[: num_seqs * width], non_blocking=True)
+        staged.copy_(staging.tables.view(-1)[: num_seqs * width], non_blocking=True)
         self._tables[:num_seqs, :width].copy_(staged.view(num_seqs, width))
         graph = self._graphs[size]
         graph.graph.replay()
         self.num_replays += 1
         return graph.logits[:num_seqs], graph.greedy_ids[:num_seqs]
-
-    def _pad_rows(self, start: int, end: int) -> None:
-        packed = self._packed_np
-        packed[_IDS, start:end] = 0
-        packed[_POSITIONS, start:end] = 0
-        packed[_SLOTS, start:end] = -1
-        packed[_SEQ_LENS, start:end] = 1
 
     def _capture_all(self, budget: int) -> None:
         # The graphs' private pool is part of the caching allocator's reserved memory. torch.cuda.graph
@@ -120,8 +142,9 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         # Largest first: the smaller graphs reuse its activations in the shared pool.
         for size in reversed(self.sizes):
-            self._pad_rows(0, size)
-            self._packed.copy_(self._packed_cpu)
+            staging = self._staging[0]
+            _pad_rows(staging.packed_np, 0, size)
+            self._packed.copy_(staging.packed)
             self._graphs[size] = self._capture(size, pool)
             used = torch.cuda.memory_reserved() - reserved_before
             if used > budget:

@@ -13,8 +13,9 @@ from kvserve.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutp
 from kvserve.engine.request import Logprob, Request
 from kvserve.engine.runner.batch import build_model_inputs
 from kvserve.engine.runner.device_setup import GRAPH_MEMORY_BYTES, select_attention_backend
+from kvserve.engine.runner.pending_tokens import PendingTokens, PendingTokensBuffers
 from kvserve.engine.runner.token_masks import build_token_masks
-from kvserve.engine.sampler import Sampler, SamplingBatch, is_plain_greedy, make_generator
+from kvserve.engine.sampler import Sampler, SamplingBatch, greedy_argmax, is_plain_greedy, make_generator
 from kvserve.models.layers.attention.metadata import forward_context
 from kvserve.models.loaded import LoadedModel
 
@@ -62,6 +63,7 @@ class ModelRunner:
         self.model.bind_kv_caches(self.kv_caches)
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator | None] = {}
+        self._pending_buffers = PendingTokensBuffers(max_num_seqs, device)
         self.graphs = None
         if device.type == "cuda" and not enforce_eager and self.attention_backend == "triton":
             from kvserve.engine.runner.cuda_graphs import DecodeGraphs
@@ -109,6 +111,35 @@ class ModelRunner:
         sampled = self.sampler(logits, batch)
         token_ids = sampled.sampled_token_ids.tolist()  # the one host sync of a step
         return self._output(requests, token_ids, sampled.logprobs)
+
+    def can_launch_greedy(self, num_seqs: int) -> bool:
+        """`launch_greedy` can run `num_seqs` one-token decodes (in a CUDA graph where there are graphs)."""
+        return self.graphs is None or num_seqs <= self.graphs.max_batch_size
+
+    @torch.inference_mode()
+    def launch_greedy(
+        self, scheduled: list[ScheduledRequest], previous: PendingTokens | None = None, rows: list[int] = ()
+    ) -> PendingTokens:
+        """Queue one decode step of plain-greedy, one-token requests and return its argmax without
+        waiting for it (engine/overlap.py). With `previous`, row i's input token is row `rows[i]` of
+        that step's ids, which the host may not have read yet."""
+        input_ids = None
+        if previous is not None:
+            if list(rows) == list(range(len(scheduled))):
+                input_ids = previous.device_ids[: len(scheduled)]
+            else:  # some requests of the previous step have stopped
+                index = torch.tensor(rows, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                input_ids = previous.device_ids.index_select(0, index.to(self.device, non_blocking=True))
+        if self.graphs is not None and self.graphs.can_run(scheduled):
+            _logits, greedy_ids = self.graphs.run(scheduled, input_ids)
+        else:
+            inputs = build_model_inputs(scheduled, self.block_size, self.device)
+            if input_ids is not None:  # one token per row: rows and tokens line up
+                inputs.input_ids = input_ids
+            with forward_context(inputs.attn):
+                hidden = self.model(inputs.input_ids, inputs.positions)
+            greedy_ids = greedy_argmax(self.model.compute_logits(hidden[inputs.logits_indices]))
+        return self._pending_buffers.stage(greedy_ids)
 
     @staticmethod
     def _output(

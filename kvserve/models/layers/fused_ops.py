@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kvserve.models.layers.triton_launch import use_pdl
+
 ENABLED = os.environ.get("KVSERVE_FUSED_OPS", "1") != "0"
 
 
@@ -37,7 +39,11 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     IS_FP32: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # see triton_launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -65,6 +71,7 @@ def rms_norm(
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     total = torch.empty_like(out) if residual is not None else out
     block = triton.next_power_of_2(n)
+    pdl = use_pdl(x)
     _rms_norm_kernel[(num_rows,)](
         x,
         residual if residual is not None else x,
@@ -78,7 +85,9 @@ def rms_norm(
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
         IS_FP32=x.dtype == torch.float32,
+        USE_PDL=pdl,
         num_warps=min(16, max(1, block // 256)),
+        launch_pdl=pdl,
     )
     return out, (total if residual is not None else None)
 
@@ -94,7 +103,11 @@ def _rotary_kernel(
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # see triton_launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_DIM)
@@ -120,6 +133,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     assert x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
     assert head_dim == triton.next_power_of_2(head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    pdl = use_pdl(x)
     _rotary_kernel[(num_tokens,)](
         x,
         cos,
@@ -130,7 +144,9 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         NUM_HEADS=num_heads,
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_heads),
+        USE_PDL=pdl,
         num_warps=4,
+        launch_pdl=pdl,
     )
     return out
 

@@ -16,7 +16,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kvserve.models.layers.attention.triton_decode import INTERPRETING
+from kvserve.models.layers.triton_launch import INTERPRETING, use_pdl
+
+
+@triton.jit
+def _x_tile(x_ptr, norm_ptr, k0, cols, rstd, K: tl.constexpr, HAS_NORM: tl.constexpr):
+    """The input's [BLOCK_K] slice at k0 in fp32, normalized when HAS_NORM."""
+    k_mask = k0 + cols < K
+    x = tl.load(x_ptr + k0 + cols, mask=k_mask, other=0.0)
+    if HAS_NORM:  # HF: normalize in fp32, cast, then scale in the activation dtype
+        scale = tl.load(norm_ptr + k0 + cols, mask=k_mask, other=0.0).to(tl.float32)
+        x = ((x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32) * scale).to(x.dtype)
+    return x.to(tl.float32)[None, :]
 
 
 @triton.jit
@@ -35,32 +46,40 @@ def _gemv_kernel(
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,
+    USE_PDL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     cols = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
+    # The first weight tile is loaded before waiting for the previous kernel (see pdl.py): weights
+    # are never written, and its DRAM latency then overlaps the previous kernel's tail.
+    first_mask = row_mask[:, None] & (cols[None, :] < K)
+    w = tl.load(w_rows + cols[None, :], mask=first_mask, other=0.0)
+    if GATED:  # the up row of output i sits N rows below its gate row
+        w_up = tl.load(w_rows + N * stride_w + cols[None, :], mask=first_mask, other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    rstd = 1.0
     if HAS_NORM:
         squares = tl.zeros([BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             xk = tl.load(x_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
             squares += xk * xk
         rstd = 1.0 / tl.sqrt(tl.sum(squares, 0) / K + eps)
-    w_rows = w_ptr + rows[:, None].to(tl.int64) * stride_w
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = k0 + cols < K
-        x = tl.load(x_ptr + k0 + cols, mask=k_mask, other=0.0)
-        if HAS_NORM:  # HF: normalize in fp32, cast, then scale in the activation dtype
-            scale = tl.load(norm_ptr + k0 + cols, mask=k_mask, other=0.0).to(tl.float32)
-            x = ((x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32) * scale).to(x.dtype)
-        xf = x.to(tl.float32)[None, :]
-        mask = row_mask[:, None] & k_mask[None, :]
+    xf = _x_tile(x_ptr, norm_ptr, 0, cols, rstd, K, HAS_NORM)
+    acc = w.to(tl.float32) * xf
+    if GATED:
+        acc_up = w_up.to(tl.float32) * xf
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        xf = _x_tile(x_ptr, norm_ptr, k0, cols, rstd, K, HAS_NORM)
+        mask = row_mask[:, None] & (k0 + cols < K)[None, :]
         w = tl.load(w_rows + k0 + cols[None, :], mask=mask, other=0.0)
         acc += w.to(tl.float32) * xf
-        if GATED:  # the up row of output i sits N rows below its gate row
+        if GATED:
             w_up = tl.load(w_rows + N * stride_w + k0 + cols[None, :], mask=mask, other=0.0)
             acc_up += w_up.to(tl.float32) * xf
     y = tl.sum(acc, 1)  # [BLOCK_N]
@@ -155,6 +174,7 @@ def gemv(
         "HAS_RESIDUAL": residual is not None,
         "HAS_BIAS": bias is not None,
         "GATED": gated,
+        "USE_PDL": use_pdl(x),
     }
     bias_arg = bias if bias is not None else x
     if INTERPRETING:
@@ -168,5 +188,5 @@ def gemv(
     def grid(meta: dict) -> tuple[int]:
         return (triton.cdiv(n, meta["BLOCK_N"]),)
 
-    _tuned_kernel[grid](*args, bias_arg, eps, n, weight.stride(0), **flags)
+    _tuned_kernel[grid](*args, bias_arg, eps, n, weight.stride(0), **flags, launch_pdl=flags["USE_PDL"])
     return out

@@ -14,17 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kvserve.models.layers.triton_launch import INTERPRETING, use_pdl
+
 BLOCK_N = 64  # keys per tile
-
-
-def _interpreting() -> bool:
-    knobs = getattr(triton, "knobs", None)  # triton >= 3.4
-    return bool(knobs and knobs.runtime.interpret)
-
-
-# Under TRITON_INTERPRET=1 (CPU tests) the kernels run their dots in fp32: the interpreter's
-# bf16 tl.dot returns garbage.
-INTERPRETING = _interpreting()
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -59,7 +51,11 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # see triton_launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -131,7 +127,11 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # see triton_launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row = seq * NUM_HEADS + head
@@ -175,6 +175,7 @@ def decode_attention(
     _, num_blocks, page, num_kv_heads, _ = cache.shape
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
+    pdl = use_pdl(q)
     mid_o = mid_lse = out  # unused placeholders when there is one split
     if num_splits > 1:
         mid_o = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -205,8 +206,10 @@ def decode_attention(
         NUM_SPLITS=num_splits,
         UPCAST=INTERPRETING,
         PRECISION=dot_precision(cache.dtype),
+        USE_PDL=pdl,
         num_warps=4,
         num_stages=2,
+        launch_pdl=pdl,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](
@@ -219,5 +222,7 @@ def decode_attention(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             NUM_SPLITS=num_splits,
+            USE_PDL=pdl,
             num_warps=4,
+            launch_pdl=pdl,
         )

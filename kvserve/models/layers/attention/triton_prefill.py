@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kvserve.models.layers.attention.triton_decode import INTERPRETING, dot_precision
+from kvserve.models.layers.attention.triton_decode import dot_precision
+from kvserve.models.layers.triton_launch import INTERPRETING
 
 
 @triton.jit
