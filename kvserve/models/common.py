@@ -75,21 +75,45 @@ class Attention(nn.Module):
         num_heads, num_kv_heads = self.num_heads, self.num_kv_heads
         qkv = qkv.view(num_tokens, num_heads + 2 * num_kv_heads, self.head_dim)
         v = qkv[:, num_heads + num_kv_heads :]  # [num_tokens, num_kv_heads, head_dim]
-        if self.q_norm is None:
-            # One rotary pass over q and k together: they are adjacent heads of the fused output.
-            qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], cos, sin)
-            q, k = qk[:, :num_heads], qk[:, num_heads:]
-        else:
-            assert self.k_norm is not None
-            q = apply_rotary(self.q_norm(qkv[:, :num_heads]), cos, sin)  # [num_tokens, num_heads, head_dim]
-            k = apply_rotary(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), cos, sin)
         assert self.kv_cache is not None, "bind_kv_caches() before forward"
         metadata = get_attention_metadata()
-        self.backend.write_kv(self.kv_cache, k, v, metadata.slot_mapping)
+        if self.q_norm is None and self._fuse_kv_write(qkv, cos, sin):
+            # RoPE of q and k and the KV write in one Triton launch (fused_ops.rotary).
+            from kvserve.models.layers import fused_ops
+
+            qk = fused_ops.rotary(
+                qkv[:, : num_heads + num_kv_heads],
+                cos,
+                sin,
+                kv_cache=self.kv_cache,
+                v=v,
+                slot_mapping=metadata.slot_mapping,
+            )
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+        else:
+            if self.q_norm is None:
+                # One rotary pass over q and k together: they are adjacent heads of the fused output.
+                qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], cos, sin)
+                q, k = qk[:, :num_heads], qk[:, num_heads:]
+            else:
+                assert self.k_norm is not None
+                q = apply_rotary(
+                    self.q_norm(qkv[:, :num_heads]), cos, sin
+                )  # [num_tokens, num_heads, head_dim]
+                k = apply_rotary(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), cos, sin)
+            self.backend.write_kv(self.kv_cache, k, v, metadata.slot_mapping)
         out = self.backend.attend(
             q, k, v, self.kv_cache, metadata, scale=self.scale, sliding_window=self.sliding_window
         )  # [num_tokens, num_heads, head_dim]
         return out.reshape(num_tokens, num_heads * self.head_dim)
+
+    def _fuse_kv_write(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+        """The Triton backend on CUDA with the fused small ops (the conditions apply_rotary checks)."""
+        if not qkv.is_cuda or self.backend.name != "triton":
+            return False
+        from kvserve.models.layers import fused_ops
+
+        return fused_ops.ENABLED and cos.is_contiguous() and sin.is_contiguous()
 
 
 class MLP(nn.Module):

@@ -66,3 +66,40 @@ def test_silu_mul_matches_torch(dtype: torch.dtype) -> None:
     gate, up = x.chunk(2, dim=-1)
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(fused_ops.silu_mul(x), torch.nn.functional.silu(gate) * up, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not IS_CUDA, reason="libdevice cos/sin: CUDA only")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_tables_match_torch(dtype: torch.dtype) -> None:
+    rope = RotaryEmbedding(64, 500_000.0).to(DEVICE)
+    positions = torch.tensor([0, 1, 7, 130, 4095, 131_071], device=DEVICE)
+    cos, sin = fused_ops.rope_tables(positions, rope.inv_freq, dtype)
+    enabled, fused_ops.ENABLED = fused_ops.ENABLED, False
+    try:
+        want_cos, want_sin = rope(positions, dtype)
+    finally:
+        fused_ops.ENABLED = enabled
+    assert cos.shape == want_cos.shape == (6, 1, 64) and cos.dtype == dtype
+    # The same fp32 products and libdevice functions: equal, up to one fp32 ulp where torch's
+    # kernel is compiled with a different contraction.
+    torch.testing.assert_close(cos, want_cos, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin, want_sin, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_with_kv_write_matches_rotary_then_write(dtype: torch.dtype) -> None:
+    from kvserve.models.layers.attention.torch_ref import TorchRefBackend
+
+    num_heads, num_kv_heads, head_dim = 6, 2, 32
+    qkv = torch.randn(5, num_heads + 2 * num_kv_heads, head_dim, device=DEVICE).to(dtype)
+    qk, v = qkv[:, : num_heads + num_kv_heads], qkv[:, num_heads + num_kv_heads :]
+    cos, sin = RotaryEmbedding(head_dim, 10_000.0).to(DEVICE)(torch.arange(10, 15, device=DEVICE), dtype)
+    slots = torch.tensor([3, 17, -1, 40, 8], device=DEVICE)  # -1: a padded row writes nothing
+    cache = torch.zeros(2, 4, 16, num_kv_heads, head_dim, device=DEVICE, dtype=dtype)
+    got = fused_ops.rotary(qk, cos, sin, kv_cache=cache, v=v, slot_mapping=slots)
+    want = fused_ops.rotary(qk, cos, sin)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    expected = torch.zeros_like(cache)
+    keep = slots >= 0
+    TorchRefBackend().write_kv(expected, want[keep, num_heads:], v[keep], slots[keep])
+    torch.testing.assert_close(cache, expected, atol=0, rtol=0)

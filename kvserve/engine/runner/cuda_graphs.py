@@ -2,9 +2,10 @@
 
 A decode step at batch size B replays the graph of the smallest captured size >= B: the
 step's ids, positions, slots, lengths and block tables are copied from pinned host buffers
-into the static device buffers the graph reads (two async copies), then one replay runs the
-whole forward plus the logits and their argmax. Padded rows get slot -1 (the Triton `write_kv` skips it) and
-length 1, so they write nothing and read one harmless key. The graph's grid never depends on
+into the static device buffers the graph reads (one async copy for a few streams, three for
+many), then one replay runs the whole forward plus the logits and their argmax. Padded rows get
+slot -1 (the Triton `write_kv` skips it) and length 1, so they write nothing and read one
+harmless key. The graph's grid never depends on
 sequence lengths (see triton_decode.py), so one capture serves every context length.
 
 Overlapped decode (engine/overlap.py) launches step n + 1 before the host has read step n's ids, so
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _IDS, _POSITIONS, _SLOTS, _SEQ_LENS = range(4)  # rows of the packed per-token buffer
+_FULL_ROWS_BYTES = 128 * 1024  # up to this, a step uploads whole block-table rows (see run())
 
 
 @dataclass
@@ -46,13 +48,29 @@ def token_at(scheduled: ScheduledRequest, position: int) -> int:
     return scheduled.request.output_token_ids[position - len(prompt)]
 
 
+def _upload_layout(max_batch_size: int, max_blocks_per_seq: int, *, device=None, pin_memory=False):
+    """One byte buffer holding the packed per-token rows [4, B] int64, then the block tables [B, M]
+    int32, with views of both: a small batch uploads its inputs in one contiguous copy."""
+    packed_bytes = 4 * max_batch_size * 8
+    buffer = torch.zeros(
+        packed_bytes + max_batch_size * max_blocks_per_seq * 4,
+        dtype=torch.uint8,
+        device=device,
+        pin_memory=pin_memory,
+    )
+    packed = buffer[:packed_bytes].view(torch.int64).view(4, max_batch_size)
+    tables = buffer[packed_bytes:].view(torch.int32).view(max_batch_size, max_blocks_per_seq)
+    return buffer, packed, tables
+
+
 class _Staging:
-    """Pinned host buffers one step fills: the packed per-token rows and the block tables."""
+    """The pinned host side of the upload buffer, which one step fills."""
 
     def __init__(self, max_batch_size: int, max_blocks_per_seq: int) -> None:
-        self.packed = torch.zeros(4, max_batch_size, dtype=torch.int64, pin_memory=True)
+        self.buffer, self.packed, self.tables = _upload_layout(
+            max_batch_size, max_blocks_per_seq, pin_memory=True
+        )
         self.packed_np = self.packed.numpy()
-        self.tables = torch.zeros(max_batch_size, max_blocks_per_seq, dtype=torch.int32, pin_memory=True)
         self.tables_np = self.tables.numpy()
 
 
@@ -78,11 +96,12 @@ class DecodeGraphs:
         self.model, self.backend, self.block_size = model, backend, block_size
         self.sizes = tuple(b for b in GRAPH_BATCH_SIZES if b <= max_batch_size)
         max_bs = self.sizes[-1]
-        # One packed int64 buffer for ids/positions/slots/lengths: one host->device copy per step.
+        # Packed int64 rows of ids/positions/slots/lengths, then the block tables (see run()).
         self._staging = [_Staging(max_bs, max_blocks_per_seq) for _ in range(2)]
         self._flip = 0  # which staging set the next step fills
-        self._packed = torch.zeros(4, max_bs, dtype=torch.int64, device=device)
-        self._tables = torch.zeros(max_bs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self._upload, self._packed, self._tables = _upload_layout(max_bs, max_blocks_per_seq, device=device)
+        self._packed_bytes = self._packed.numel() * 8
+        self._max_blocks = max_blocks_per_seq
         self._tables_staging = torch.zeros(max_bs * max_blocks_per_seq, dtype=torch.int32, device=device)
         self._graphs: dict[int, _Graph] = {}
         self.num_replays = 0  # for tests and logs
@@ -109,8 +128,14 @@ class DecodeGraphs:
         self._flip ^= 1
         packed, block_size = staging.packed_np, self.block_size
         width = max(s.start for s in scheduled) // block_size + 1  # block-table columns in use
-        # Compact [num_seqs, width] staging, so the host->device copy is one contiguous run.
-        tables = staging.tables_np.reshape(-1)[: num_seqs * width].reshape(num_seqs, width)
+        # Full table rows when they are few: packed rows and tables then go up in one copy. Else a
+        # compact [num_seqs, width] staging (a 256-stream step would upload 8 MB of full rows),
+        # scattered into the rows on the device.
+        full_rows = num_seqs * self._max_blocks * 4 <= _FULL_ROWS_BYTES
+        if full_rows:
+            tables = staging.tables_np
+        else:
+            tables = staging.tables_np.reshape(-1)[: num_seqs * width].reshape(num_seqs, width)
         for row, s in enumerate(scheduled):
             position = s.start
             if input_ids is None:
@@ -121,12 +146,16 @@ class DecodeGraphs:
             num_blocks = position // block_size + 1
             tables[row, :num_blocks] = s.block_ids[:num_blocks]
         _pad_rows(packed, num_seqs, size)
-        self._packed.copy_(staging.packed, non_blocking=True)
+        if full_rows:
+            num_bytes = self._packed_bytes + num_seqs * self._max_blocks * 4
+            self._upload[:num_bytes].copy_(staging.buffer[:num_bytes], non_blocking=True)
+        else:
+            self._packed.copy_(staging.packed, non_blocking=True)
+            staged = self._tables_staging[: num_seqs * width]
+            staged.copy_(staging.tables.view(-1)[: num_seqs * width], non_blocking=True)
+            self._tables[:num_seqs, :width].copy_(staged.view(num_seqs, width))
         if input_ids is not None:  # stream-ordered after the step that computes them
             self._packed[_IDS, :num_seqs].copy_(input_ids)
-        staged = self._tables_staging[: num_seqs * width]
-        staged.copy_(staging.tables.view(-1)[: num_seqs * width], non_blocking=True)
-        self._tables[:num_seqs, :width].copy_(staged.view(num_seqs, width))
         graph = self._graphs[size]
         graph.graph.replay()
         self.num_replays += 1

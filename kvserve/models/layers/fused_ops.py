@@ -1,5 +1,5 @@
 """Triton kernels for the small ops of a decoder layer on CUDA: RMSNorm (with the residual add
-fused in), rotary embedding, and SiLU-and-multiply.
+fused in), rotary embedding and its cos/sin tables, and SiLU-and-multiply.
 
 Why: a CUDA-graph decode step of a 1B model is bounded by kernel count, not bytes; in plain torch
 each of these ops is 3-5 kernels (casts, cat, mul, add), per layer. Each kernel here is one
@@ -98,11 +98,20 @@ def _rotary_kernel(
     cos_ptr,
     sin_ptr,
     out_ptr,
+    v_ptr,
+    cache_ptr,
+    slot_ptr,
+    v_offset,
     stride_xt,
     stride_xh,
+    stride_vt,
+    stride_vh,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    WRITE_KV: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # see triton_launch.py
@@ -124,31 +133,118 @@ def _rotary_kernel(
     b = (rotated.to(tl.float32) * sin).to(x.dtype).to(tl.float32)
     out = (a + b).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (token * NUM_HEADS + heads[:, None]) * HEAD_DIM + d[None, :], out, mask=mask)
+    if WRITE_KV:  # the last NUM_KV_HEADS heads are the keys: into the paged cache, with the values
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        row = slot * (NUM_KV_HEADS * HEAD_DIM)
+        first_k = NUM_HEADS - NUM_KV_HEADS
+        is_written = (heads[:, None] * 0 + slot) >= 0  # a block, not a scalar; padded rows carry slot -1
+        is_key = mask & (heads[:, None] >= first_k) & is_written
+        k_dst = cache_ptr + row + (heads[:, None] - first_k) * HEAD_DIM + d[None, :]
+        tl.store(k_dst, out.to(cache_ptr.dtype.element_ty), mask=is_key)
+        kv_heads = tl.arange(0, BLOCK_KV)[:, None]
+        v_mask = (kv_heads < NUM_KV_HEADS) & ((kv_heads * 0 + slot) >= 0)
+        v = tl.load(v_ptr + token * stride_vt + kv_heads * stride_vh + d[None, :], mask=v_mask)
+        v_dst = cache_ptr + v_offset + row + kv_heads * HEAD_DIM + d[None, :]
+        tl.store(v_dst, v.to(cache_ptr.dtype.element_ty), mask=v_mask)
 
 
-def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    kv_cache: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x: [T, H, D] (a strided view; unit stride on D) -> rotated contiguous copy. cos/sin:
-    [T, 1, D] contiguous (sin's first half already negated, see rotary.py)."""
+    [T, 1, D] contiguous (sin's first half already negated, see rotary.py).
+
+    With `kv_cache` ([2, num_blocks, block_size, KV, D]), `v` ([T, KV, D]) and `slot_mapping`,
+    the last KV heads of x are keys: the kernel also writes them, rotated, and `v` into the cache
+    slots, as TritonBackend.write_kv would (one launch instead of two per layer)."""
     num_tokens, num_heads, head_dim = x.shape
     assert x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
     assert head_dim == triton.next_power_of_2(head_dim)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    write_kv = kv_cache is not None
+    if write_kv:
+        assert v is not None and slot_mapping is not None and v.stride(-1) == 1
+        num_kv_heads = kv_cache.shape[-2]
+        v_offset = kv_cache[1].storage_offset() - kv_cache.storage_offset()
+    else:
+        v, kv_cache, slot_mapping, num_kv_heads, v_offset = x, x, x, 1, 0
     pdl = use_pdl(x)
     _rotary_kernel[(num_tokens,)](
         x,
         cos,
         sin,
         out,
+        v,
+        kv_cache,
+        slot_mapping,
+        v_offset,
         x.stride(0),
         x.stride(1),
+        v.stride(0),
+        v.stride(1),
         NUM_HEADS=num_heads,
         HEAD_DIM=head_dim,
         BLOCK_H=triton.next_power_of_2(num_heads),
+        NUM_KV_HEADS=num_kv_heads,
+        BLOCK_KV=triton.next_power_of_2(num_kv_heads),
+        WRITE_KV=write_kv,
         USE_PDL=pdl,
         num_warps=4,
         launch_pdl=pdl,
     )
     return out
+
+
+@triton.jit
+def _rope_tables_kernel(
+    pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+):
+    if USE_PDL:  # see triton_launch.py
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    token = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK)
+    mask = i < HALF
+    freqs = tl.load(pos_ptr + token).to(tl.float32) * tl.load(inv_freq_ptr + i, mask=mask, other=0.0)
+    # libdevice's cosf/sinf: the functions torch's CUDA cos/sin call, not the fast approximations.
+    cos = tl.extra.cuda.libdevice.cos(freqs).to(cos_ptr.dtype.element_ty)
+    sin = tl.extra.cuda.libdevice.sin(freqs).to(sin_ptr.dtype.element_ty)
+    row = token * 2 * HALF
+    tl.store(cos_ptr + row + i, cos, mask=mask)
+    tl.store(cos_ptr + row + HALF + i, cos, mask=mask)
+    tl.store(sin_ptr + row + i, -sin, mask=mask)
+    tl.store(sin_ptr + row + HALF + i, sin, mask=mask)
+
+
+def rope_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RotaryEmbedding.forward in one launch instead of ~9 (a CUDA-graph decode step pays ~2 us for
+    each): positions [T] -> cos, sin [T, 1, head_dim] in `dtype`, sin's first half negated."""
+    (num_tokens,) = positions.shape
+    half = inv_freq.shape[0]
+    cos = torch.empty(num_tokens, 1, 2 * half, dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    if num_tokens:
+        pdl = use_pdl(positions)
+        _rope_tables_kernel[(num_tokens,)](
+            positions,
+            inv_freq,
+            cos,
+            sin,
+            HALF=half,
+            BLOCK=triton.next_power_of_2(half),
+            USE_PDL=pdl,
+            num_warps=1,
+            launch_pdl=pdl,
+        )
+    return cos, sin
 
 
 @triton.jit

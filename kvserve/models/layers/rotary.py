@@ -63,6 +63,11 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = rope_inv_freq(self.head_dim, self.base, self.scaling).to(self.inv_freq.device)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.is_cuda:
+            from kvserve.models.layers import fused_ops
+
+            if fused_ops.ENABLED and self.inv_freq.dtype == torch.float32:
+                return fused_ops.rope_tables(positions, self.inv_freq, dtype)
         freqs = positions[:, None].float() * self.inv_freq  # [num_tokens, head_dim // 2]
         cos, sin = freqs.cos(), freqs.sin()
         cos = torch.cat((cos, cos), dim=-1).to(dtype)  # [num_tokens, head_dim]
