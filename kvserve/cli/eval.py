@@ -168,8 +168,17 @@ def _server_url(args: argparse.Namespace) -> Iterator[str]:
         return
     from kvserve.cli.embedded import embedded_server
 
-    with embedded_server(args) as url:
+    with embedded_server(embedded_args(args)) as url:
         yield url
+
+
+def embedded_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The embedded engine's flags: no disk KV tier unless --kv-cache-dir names one. A regression
+    run must not depend on what earlier runs left on disk (bf16 greedy output after a disk hit can
+    differ from a cold prefill's), and suites should not fill the user's default cache."""
+    if args.kv_cache_dir is not None:
+        return args
+    return argparse.Namespace(**(vars(args) | {"no_kv_cache": True}))
 
 
 def _report(

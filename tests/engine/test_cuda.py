@@ -75,8 +75,15 @@ def _generate(engine: EngineCore, prompts: list[list[int]], tag: str = "r") -> l
 PROMPTS = [_prompt(n, seed) for seed, n in enumerate([5, 17, 40, 64, 100, 130, 300, 33])]
 
 
+@pytest.mark.parametrize("upload", ["one_copy", "compact"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graph_decode_equals_eager(tiny_llama_dir: Path, dtype: str) -> None:
+def test_graph_decode_equals_eager(
+    tiny_llama_dir: Path, dtype: str, upload: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvserve.engine.runner import cuda_graphs
+
+    if upload == "compact":  # the many-streams upload: compact tables scattered on the device
+        monkeypatch.setattr(cuda_graphs, "_FULL_ROWS_BYTES", 0)
     graphed = _engine(tiny_llama_dir, dtype)
     assert graphed.runner.graphs is not None and graphed.runner.attention_backend == "triton"
     got = _generate(graphed, PROMPTS)
