@@ -147,7 +147,8 @@ class DecodeGraphs:
             tables[row, :num_blocks] = s.block_ids[:num_blocks]
         _pad_rows(packed, num_seqs, size)
         if full_rows:
-            num_bytes = self._packed_bytes + num_seqs * self._max_blocks * 4
+            # Up to the last row's last block in use (a 128K context has 32 KB rows).
+            num_bytes = self._packed_bytes + ((num_seqs - 1) * self._max_blocks + width) * 4
             self._upload[:num_bytes].copy_(staging.buffer[:num_bytes], non_blocking=True)
         else:
             self._packed.copy_(staging.packed, non_blocking=True)
