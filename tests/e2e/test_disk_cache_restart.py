@@ -19,10 +19,12 @@ import anthropic
 import openai
 import pytest
 
-from tests.serve_process import running_server
+from tests.serve_process import in_process_server, running_server
 
 pytestmark = pytest.mark.model
 
+# fp32 whatever the CPU: see `server`.
+SERVE_ARGS = ["--ctx", "8192", "--dtype", "float32"]
 SYSTEM = "You are a helpful assistant. Answer briefly."
 WORDS = [
     "river",
@@ -86,7 +88,7 @@ def server(cache_args: list[str], log: Path) -> Iterator[str]:
     prefill splits (a disk hit + a 30-token tail vs a whole prefill) rounds differently, and the
     greedy answers of the Responses turn diverged after 12 tokens; the test asks for equal tokens.
     """
-    with running_server(["--ctx", "8192", "--dtype", "float32", *cache_args], log) as url:
+    with running_server([*SERVE_ARGS, *cache_args], log) as url:
         yield url
 
 
@@ -158,7 +160,8 @@ def test_restart_serves_the_next_turn_from_disk(tmp_path: Path) -> None:
             timings[f"{api} turn after restart"] = time.monotonic() - turn_started
     started = time.monotonic()
     reference = {}
-    with server(["--no-kv-cache"], log) as url:
+    # The reference's lifecycle is not under test: the same app, served from this process.
+    with in_process_server([*SERVE_ARGS, "--no-kv-cache"]) as url:
         for api in ("chat", "responses", "anthropic"):
             reference[api] = ask(api, url, next_turn, max_tokens=16)
             timings.setdefault("reference turn without the disk tier", time.monotonic() - started)
