@@ -1,8 +1,10 @@
 """`kvserve serve` as a child process for the tests that need the real server's lifecycle
-(restarts, SIGTERM's shutdown save, kill -9): start it, wait for /health, stop it."""
+(restarts, SIGTERM's shutdown save, kill -9): start it, wait for /health, stop it. Their
+reference servers, whose lifecycle is not under test, can run in this process instead."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
@@ -14,6 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from kvserve.cli.embedded import embedded_server
+from kvserve.cli.serve import add_serve_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,3 +74,13 @@ def running_server(args: Sequence[str], log: Path) -> Iterator[str]:
         process.wait()
         raise
     stop_server(process, log)
+
+
+@contextmanager
+def in_process_server(args: Sequence[str]) -> Iterator[str]:
+    """The app `kvserve serve ARGS` builds (the same `build_app`), on a thread of this process: a
+    reference to compare with, without the 10-20 s start of another interpreter and model load."""
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    with embedded_server(parser.parse_args(list(args))) as url:
+        yield url

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.models.deepseek import save_tiny_deepseek_model
-from tests.serve_process import REPO, running_server, start_server
+from tests.serve_process import REPO, in_process_server, running_server, start_server
 
 NUM_WRITES = 50
 SERVE_ARGS = ["--ctx", "4096"]
@@ -114,7 +114,7 @@ def test_kill_9_during_checkpoint_writes_never_loads_a_corrupt_entry(tmp_path: P
     questions = [(system, f"question {i}") for i, system in enumerate(rng.sample(completed, 6))]
     with running_server(["--model", str(model), "--kv-cache-dir", str(cache), *SERVE_ARGS], log) as url:
         from_disk = [chat(url, system, question, max_tokens=8) for system, question in questions]
-    with running_server(["--model", str(model), "--no-kv-cache", *SERVE_ARGS], log) as url:
+    with in_process_server(["--model", str(model), "--no-kv-cache", *SERVE_ARGS]) as url:
         reference = [chat(url, system, question, max_tokens=8)[0] for system, question in questions]
     assert [text for text, _ in from_disk] == reference
     # Completed requests' checkpoints survived their server's death (all but one or two killed writes).

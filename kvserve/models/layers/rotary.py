@@ -15,8 +15,13 @@ from torch import nn
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """[head_dim // 2] float32 inverse frequencies, following transformers' ROPE_INIT_FUNCTIONS."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """[head_dim // 2] float32 inverse frequencies on the CPU, following transformers' ROPE_INIT_FUNCTIONS.
+
+    On the CPU even inside `torch.device("meta")` (where models are built): meta tensors run Python
+    reference kernels whose first use imports torch._dynamo, seconds in every process.
+    """
+    positions = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
+    inv_freq = 1.0 / (base ** (positions / head_dim))
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if rope_type == "default":
         return inv_freq
@@ -56,7 +61,8 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.base = base
         self.scaling = scaling
-        self.register_buffer("inv_freq", rope_inv_freq(head_dim, base, scaling), persistent=False)
+        inv_freq = rope_inv_freq(head_dim, base, scaling).to(torch.get_default_device())
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def reset_parameters(self) -> None:
         """Recompute `inv_freq` (needed after building on the meta device and `to_empty`)."""

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import quants as gguf_quants
 from gguf.constants import GGMLQuantizationType as Q
-from gguf.quants import dequantize as dequantize_numpy
 from tqdm import tqdm
 
 from kvserve.models.errors import CorruptModelFileError, UnsupportedModelError
@@ -34,6 +34,11 @@ __all__ = [
 SUPPORTED_TYPES = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 )
+
+# gguf-py's per-type block codecs. Its `dequantize` calls them 16 rows at a time; 256-row chunks
+# halve the load time of a small model (numpy call overhead) with the same per-block arithmetic.
+_QUANTS = {t: getattr(gguf_quants, t.name) for t in SUPPORTED_TYPES - {Q.F32, Q.F16, Q.BF16}}
+_ROWS_PER_CHUNK = 256
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -73,7 +78,13 @@ def dequantize(raw: np.ndarray, ggml_type: Q, shape: tuple[int, ...]) -> torch.T
         return torch.from_numpy(raw.view(np.float16).astype(np.float32)).reshape(shape)
     if ggml_type == Q.BF16:
         return torch.from_numpy(raw.copy()).view(torch.bfloat16).float().reshape(shape)
-    return torch.from_numpy(dequantize_numpy(raw, ggml_type)).reshape(shape)
+    quant = _QUANTS[ggml_type]
+    quant.init_grid()
+    rows = raw.reshape(-1, raw.shape[-1])
+    chunks = [
+        quant.dequantize_rows(rows[i : i + _ROWS_PER_CHUNK]) for i in range(0, len(rows), _ROWS_PER_CHUNK)
+    ]
+    return torch.from_numpy(np.concatenate(chunks)).reshape(shape)
 
 
 def hf_tensor_name(gguf_name: str, architecture: str) -> str | None:

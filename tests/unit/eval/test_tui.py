@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -76,6 +77,13 @@ def test_tui_runs_pauses_reruns_and_quits_with_the_report(url: str, tmp_path: Pa
     assert trace.read_text().count('"type": "case"') == 3
 
 
+def _default_sigint() -> None:
+    """A child that inherits SIGINT ignored (a suite started in the background by a non-interactive
+    shell) ignores the Ctrl-C, and asyncio.run installs no handler over SIG_IGN: the child then ran
+    every case to the end. A terminal's Ctrl-C reaches a foreground `kvserve eval`; so must ours."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_plain_mode_still_reports(tmp_path: Path) -> None:
     engine = FakeEngine(reply("Answer: 85 " * 50), token_delay_s=0.2)  # slow: still running at Ctrl-C
     service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake")
@@ -87,6 +95,7 @@ def test_ctrl_c_in_plain_mode_still_reports(tmp_path: Path) -> None:
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             encoding="utf-8",
             timeout=180,  # the child imports torch: slow on a loaded 2-core machine
+            preexec_fn=_default_sigint,
         )
         child.logfile_read = log = io.StringIO()
         # Interrupt only once a case is running (the test is about Ctrl-C during a run): a fixed 30 s
