@@ -81,26 +81,20 @@ class Attention(nn.Module):
             # RoPE of q and k and the KV write in one Triton launch (fused_ops.rotary).
             from kvserve.models.layers import fused_ops
 
+            qk_heads = qkv[:, : num_heads + num_kv_heads]
             qk = fused_ops.rotary(
-                qkv[:, : num_heads + num_kv_heads],
-                cos,
-                sin,
-                kv_cache=self.kv_cache,
-                v=v,
-                slot_mapping=metadata.slot_mapping,
+                qk_heads, cos, sin, kv_cache=self.kv_cache, v=v, slot_mapping=metadata.slot_mapping
             )
             q, k = qk[:, :num_heads], qk[:, num_heads:]
+        elif self.q_norm is None:
+            # One rotary pass over q and k together: they are adjacent heads of the fused output.
+            qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], cos, sin)
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+            self.backend.write_kv(self.kv_cache, k, v, metadata.slot_mapping)
         else:
-            if self.q_norm is None:
-                # One rotary pass over q and k together: they are adjacent heads of the fused output.
-                qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], cos, sin)
-                q, k = qk[:, :num_heads], qk[:, num_heads:]
-            else:
-                assert self.k_norm is not None
-                q = apply_rotary(
-                    self.q_norm(qkv[:, :num_heads]), cos, sin
-                )  # [num_tokens, num_heads, head_dim]
-                k = apply_rotary(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), cos, sin)
+            assert self.k_norm is not None
+            q = apply_rotary(self.q_norm(qkv[:, :num_heads]), cos, sin)  # [num_tokens, num_heads, head_dim]
+            k = apply_rotary(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), cos, sin)
             self.backend.write_kv(self.kv_cache, k, v, metadata.slot_mapping)
         out = self.backend.attend(
             q, k, v, self.kv_cache, metadata, scale=self.scale, sliding_window=self.sliding_window
