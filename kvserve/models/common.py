@@ -205,6 +205,8 @@ class CausalLMBase(nn.Module):
         self.logits_gather: nn.Module | None = None
         if not arch.tie_word_embeddings:
             self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        # The greedy head's atomic-max slots per device (compute_logits_and_greedy).
+        self._argmax_slots: dict[torch.device, torch.Tensor] = {}
         layer_types = sorted({arch.layer_type(i) for i in range(arch.num_hidden_layers)})
         self.rotary = nn.ModuleDict({lt: self.build_rotary(arch, lt) for lt in layer_types})
 
@@ -235,6 +237,9 @@ class CausalLMBase(nn.Module):
         return self.model(input_ids, rope)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        fused = self.compute_logits_and_greedy(hidden)
+        if fused is not None:
+            return fused[0]
         if self.head_quant is not None:
             logits = self.head_quant(hidden).float()  # [n, vocab_size]
         else:
@@ -246,6 +251,27 @@ class CausalLMBase(nn.Module):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One token's float32 logits [1, vocab] and their argmax [1] from one fused GEMV
+        (layers/gemv.py: logits_argmax), or None where that path does not apply. compute_logits
+        takes it too, so a token's logits are the same bits whether or not its argmax is wanted."""
+        from kvserve.models.layers import fused_ops, gemv
+
+        plain = (
+            self.head_quant is None
+            and self.logits_gather is None
+            and self.arch.final_logit_softcapping is None
+        )
+        if not (plain and gemv.HEAD_ENABLED and fused_ops.ENABLED):
+            return None
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if not gemv.can_use_gemv(hidden, weight):
+            return None
+        slots = self._argmax_slots.get(hidden.device)
+        if slots is None:  # allocated at the first (eager, warm-up) call, never inside a graph capture
+            slots = self._argmax_slots[hidden.device] = gemv.empty_argmax_slots(hidden.device)
+        return gemv.logits_argmax(hidden, weight, slots)
 
     def kv_cache_spec(self) -> tuple[int, int, int]:
         # The layers' own head count: a tensor-parallel rank caches only its KV heads.

@@ -27,6 +27,9 @@ class CausalLM(Protocol):
         """[n, hidden_size] -> float32 logits [n, vocab_size] (final norm already applied in forward)."""
         ...
 
+    # Optional: `compute_logits_and_greedy(hidden) -> (logits, argmax) | None`, one fused kernel for
+    # both where the model has one (models/common.py); engine/sampler.py: logits_and_greedy.
+
     def kv_cache_spec(self) -> tuple[int, int, int]:
         """(num_layers, num_kv_heads, head_dim): one cache per layer, same shape for all."""
         ...

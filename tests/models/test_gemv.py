@@ -151,3 +151,36 @@ def test_greedy_argmax_equals_argmax_with_ties(vocab: int) -> None:
     logits[5] = 0.0  # every entry tied: index 0
     logits[6, 7] = float("-inf")
     assert torch.equal(greedy_argmax(logits), logits.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, _BF16])
+@pytest.mark.parametrize(("n", "k"), [(37, 96), (1000, 640)])
+def test_logits_argmax_is_the_head_and_its_argmax(dtype: torch.dtype, n: int, k: int) -> None:
+    x, w = _rand(1, k, dtype=dtype), _rand(n, k, dtype=dtype, scale=k**-0.5)
+    slots = gemv.empty_argmax_slots(x.device)
+    for _ in range(2):  # the second call finds the slots emptied by the first
+        logits, ids = gemv.logits_argmax(x, w, slots)
+        _close(logits, F.linear(x, w).float(), torch.float32 if dtype == torch.float32 else dtype)
+        assert logits.dtype == torch.float32 and ids.shape == (1,)
+        assert torch.equal(ids, logits.argmax(-1))  # exact: the argmax of the logits it returns
+        assert torch.equal(slots, gemv.empty_argmax_slots(x.device))
+
+
+@pytest.mark.parametrize("case", ["tie_first_index", "all_negative", "signed_zero", "nan"])
+def test_logits_argmax_ties_signs_and_nan_follow_torch(case: str) -> None:
+    # Rows of w pick out x's entries, so the logits are exactly the chosen values.
+    values = {
+        "tie_first_index": [1.0, 3.0, -2.0, 3.0, 3.0, 0.5] * 50,  # max 3.0 first at row 1
+        "all_negative": [-5.0, -0.25, -3.0, -0.25, -7.0] * 60,
+        "signed_zero": [-0.0, -1.0, 0.0, -2.0] * 75,  # -0.0 ties +0.0: row 0
+        "nan": [0.0, 2.0, 1.0, 9.0, 1.0] * 60,
+    }[case]
+    n = len(values)
+    x = torch.tensor([values], device=DEVICE)  # [1, n]
+    w = torch.eye(n, device=DEVICE)  # logits = x
+    if case == "nan":  # inf * x[0] (= 0) makes rows 7 and 12 NaN: the first NaN wins
+        w[7, 0] = w[12, 0] = float("inf")
+    want = F.linear(x, w).argmax(-1)
+    assert case != "nan" or want.item() == 7
+    _logits, ids = gemv.logits_argmax(x, w, gemv.empty_argmax_slots(x.device))
+    assert torch.equal(ids, want), (ids, want)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.engine.outputs import ScheduledRequest
-from kvserve.engine.sampler import greedy_argmax
+from kvserve.engine.sampler import logits_and_greedy
 from kvserve.models.layers.attention.metadata import AttentionMetadata, forward_context
 from kvserve.models.layers.attention.triton_backend import TritonBackend
 from kvserve.models.layers.attention.triton_decode import choose_num_splits
@@ -201,12 +201,12 @@ class DecodeGraphs:
         try:
             with forward_context(metadata):
                 for _ in range(2):  # compile the kernels and settle the allocator outside the capture
-                    self.model.compute_logits(self.model(ids, positions))
+                    logits_and_greedy(self.model, self.model(ids, positions))
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    logits = self.model.compute_logits(self.model(ids, positions))
-                    greedy_ids = greedy_argmax(logits)  # what the sampler's greedy path runs
+                    # The same logits as the sampler's compute_logits; the argmax its greedy path runs.
+                    logits, greedy_ids = logits_and_greedy(self.model, self.model(ids, positions))
         finally:
             self.backend.graph_num_splits = None
         return _Graph(graph, logits, greedy_ids)

@@ -15,7 +15,7 @@ from kvserve.engine.runner.batch import build_model_inputs
 from kvserve.engine.runner.device_setup import GRAPH_MEMORY_BYTES, select_attention_backend
 from kvserve.engine.runner.pending_tokens import PendingTokens, PendingTokensBuffers
 from kvserve.engine.runner.token_masks import build_token_masks
-from kvserve.engine.sampler import Sampler, SamplingBatch, greedy_argmax, is_plain_greedy, make_generator
+from kvserve.engine.sampler import Sampler, SamplingBatch, is_plain_greedy, logits_and_greedy, make_generator
 from kvserve.models.layers.attention.metadata import forward_context
 from kvserve.models.loaded import LoadedModel
 
@@ -138,7 +138,7 @@ class ModelRunner:
                 inputs.input_ids = input_ids
             with forward_context(inputs.attn):
                 hidden = self.model(inputs.input_ids, inputs.positions)
-            greedy_ids = greedy_argmax(self.model.compute_logits(hidden[inputs.logits_indices]))
+            _logits, greedy_ids = logits_and_greedy(self.model, hidden[inputs.logits_indices])
         return self._pending_buffers.stage(greedy_ids)
 
     @staticmethod

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvserve.models.layers.triton_launch import use_pdl
+from kvserve.models.layers.triton_launch import pdl_enter, use_pdl
 
 ENABLED = os.environ.get("KVSERVE_FUSED_OPS", "1") != "0"
 
@@ -39,11 +39,9 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     IS_FP32: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see triton_launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # see triton_launch.py
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -85,7 +83,7 @@ def rms_norm(
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
         IS_FP32=x.dtype == torch.float32,
-        USE_PDL=pdl,
+        PDL=pdl,
         num_warps=min(16, max(1, block // 256)),
         launch_pdl=pdl,
     )
@@ -112,11 +110,9 @@ def _rotary_kernel(
     NUM_KV_HEADS: tl.constexpr,
     BLOCK_KV: tl.constexpr,
     WRITE_KV: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see triton_launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # see triton_launch.py
     token = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, HEAD_DIM)
@@ -194,7 +190,7 @@ def rotary(
         NUM_KV_HEADS=num_kv_heads,
         BLOCK_KV=triton.next_power_of_2(num_kv_heads),
         WRITE_KV=write_kv,
-        USE_PDL=pdl,
+        PDL=pdl,
         num_warps=4,
         launch_pdl=pdl,
     )
@@ -203,11 +199,9 @@ def rotary(
 
 @triton.jit
 def _rope_tables_kernel(
-    pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+    pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
-    if USE_PDL:  # see triton_launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # see triton_launch.py
     token = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     mask = i < HALF
@@ -240,7 +234,7 @@ def rope_tables(
             sin,
             HALF=half,
             BLOCK=triton.next_power_of_2(half),
-            USE_PDL=pdl,
+            PDL=pdl,
             num_warps=1,
             launch_pdl=pdl,
         )

@@ -6,9 +6,11 @@ normally starts only after the previous one has fully drained: at ~5-10 us of wo
 the ~1-3 us of launch gap, ramp-up and tail per kernel is a large share of the step. A kernel
 launched with PDL may start while its predecessor still runs: its programs become resident,
 issue the loads that do not depend on the predecessor (a GEMV's first weight tile), then block in
-`gdc_wait` until the predecessor has finished and its writes are visible. Every kernel here calls
-`gdc_launch_dependents` right after its wait, so its successor can start once its last programs
-are running.
+`gdc_wait` until the predecessor has finished and its writes are visible. A kernel lets its
+successor start by calling `gdc_launch_dependents`; every kernel here calls it right after its
+wait, so its successor can start once its last programs are running. (Calling it before the wait,
+so that a chain of latency-bound kernels becomes resident together, measured no faster on the
+H200: docs/benchmarks.md.)
 
 Rules each PDL kernel keeps: nothing written by an earlier kernel is read, and nothing is written,
 before `gdc_wait` (a predecessor may still read what it would overwrite). Kernels that are not PDL
@@ -23,6 +25,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 
 def _interpreting() -> bool:
@@ -46,3 +49,12 @@ def _device_supports(index: int) -> bool:
 def use_pdl(x: torch.Tensor) -> bool:
     """Launch the kernels that work on `x` with PDL (their USE_PDL constexpr and `launch_pdl`)."""
     return PDL_ENABLED and x.is_cuda and not INTERPRETING and _device_supports(x.device.index or 0)
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """With PDL: wait for the predecessor kernel, then let the successor start. Everything a kernel
+    does before this may read only what no earlier kernel writes."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

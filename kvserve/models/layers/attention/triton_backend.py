@@ -18,7 +18,7 @@ import triton.language as tl
 from kvserve.models.layers.attention.metadata import AttentionMetadata
 from kvserve.models.layers.attention.triton_decode import choose_num_splits, decode_attention
 from kvserve.models.layers.attention.triton_prefill import prefill_attention
-from kvserve.models.layers.triton_launch import use_pdl
+from kvserve.models.layers.triton_launch import pdl_enter, use_pdl
 
 
 @triton.jit
@@ -36,11 +36,9 @@ def _write_kv_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see triton_launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # see triton_launch.py
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)
@@ -103,7 +101,7 @@ class TritonBackend:
             HEAD_DIM=head_dim,
             BLOCK_H=triton.next_power_of_2(num_kv_heads),
             BLOCK_D=triton.next_power_of_2(head_dim),
-            USE_PDL=pdl,
+            PDL=pdl,
             num_warps=1 if num_kv_heads * head_dim <= 1024 else 4,
             launch_pdl=pdl,
         )

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvserve.models.layers.triton_launch import INTERPRETING, use_pdl
+from kvserve.models.layers.triton_launch import INTERPRETING, pdl_enter, use_pdl
 
 BLOCK_N = 64  # keys per tile
 
@@ -51,11 +51,9 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see triton_launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # see triton_launch.py
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -127,11 +125,9 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    if USE_PDL:  # see triton_launch.py
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_enter(PDL)  # see triton_launch.py
     seq = tl.program_id(0)
     head = tl.program_id(1)
     row = seq * NUM_HEADS + head
@@ -206,7 +202,7 @@ def decode_attention(
         NUM_SPLITS=num_splits,
         UPCAST=INTERPRETING,
         PRECISION=dot_precision(cache.dtype),
-        USE_PDL=pdl,
+        PDL=pdl,
         num_warps=4,
         num_stages=2,
         launch_pdl=pdl,
@@ -222,7 +218,7 @@ def decode_attention(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             NUM_SPLITS=num_splits,
-            USE_PDL=pdl,
+            PDL=pdl,
             num_warps=4,
             launch_pdl=pdl,
         )
