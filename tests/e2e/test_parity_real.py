@@ -11,7 +11,9 @@ steps per prompt; one prompt also goes through `generate()` itself.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 import torch
@@ -73,9 +75,15 @@ def pair(request: pytest.FixtureRequest) -> Pair:
     if known.path is None:
         pytest.skip(f"{known.package} is not installed")
     ours = load_model(request.param, torch.float32, progress=False)
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(ours.path.parent), gguf_file=ours.path.name, dtype=torch.float32
-    )
+    # from_pretrained reads the GGUF twice (config, then weights), each time with a new gguf-py
+    # GGUFReader, whose pure-Python field parse (Gemma's 262K-token vocabulary) is most of the
+    # load: one reader serves both reads. transformers imports GGUFReader inside the function.
+    import gguf
+
+    with mock.patch("gguf.GGUFReader", functools.cache(gguf.GGUFReader)):
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(ours.path.parent), gguf_file=ours.path.name, dtype=torch.float32
+        )
     hf.eval()
     hf.generation_config.eos_token_id = None  # always generate all 64 tokens, like our driver
     hf.generation_config.pad_token_id = 0
