@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass
 from unittest import mock
 
+import gguf
 import pytest
 import torch
 from torch import nn
@@ -78,8 +79,6 @@ def pair(request: pytest.FixtureRequest) -> Pair:
     # from_pretrained reads the GGUF twice (config, then weights), each time with a new gguf-py
     # GGUFReader, whose pure-Python field parse (Gemma's 262K-token vocabulary) is most of the
     # load: one reader serves both reads. transformers imports GGUFReader inside the function.
-    import gguf
-
     with mock.patch("gguf.GGUFReader", functools.cache(gguf.GGUFReader)):
         hf = AutoModelForCausalLM.from_pretrained(
             str(ours.path.parent), gguf_file=ours.path.name, dtype=torch.float32
