@@ -24,6 +24,9 @@ LLAMA_WHEELS ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2
+# Coding agents send 10-21K-token first prompts: 32K is SmolLM2's 8K extended 4x with YaRN (one warning
+# at start-up). CTX=0 runs the model at its own context.
+CTX ?= 32768
 
 .PHONY: setup serve test test-fast bench bench-peer clean
 
@@ -39,7 +42,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(VENV)/bin/kvserve serve --model $(MODEL) --host $(HOST) --port $(PORT)
+	$(VENV)/bin/kvserve serve --model $(MODEL) --ctx $(CTX) --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -9,6 +9,8 @@ from typing import Literal
 
 import torch
 
+from kvserve.models.rope_scaling import ContextRequest, RopeScalingName
+
 logger = logging.getLogger(__name__)
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
@@ -51,6 +53,11 @@ class EngineConfig:
     dtype: DTypeName = "auto"
     device: str = "auto"
     max_model_len: int = 0  # --ctx; 0 = the model's context length (capped by --kv-cache-memory-mb)
+    # RoPE context extension (models/rope_scaling.py). None: the model's own scaling, and YaRN when
+    # --ctx exceeds the trained context; "none" refuses such a --ctx instead.
+    rope_scaling: RopeScalingName | None = None
+    rope_scale: float = 0.0  # --rope-scale; 0 = --ctx / the original context
+    yarn_orig_ctx: int = 0  # --yarn-orig-ctx; 0 = the model's trained context
     # CPU decode is memory-bound: low-bit weight copies for small batches (see models/layers/quant.py).
     weight_quant: WeightQuantName = "none"
     attention_backend: AttentionBackendName = "auto"  # auto = triton on CUDA, torch_ref on CPU
@@ -65,6 +72,11 @@ class EngineConfig:
     seed: int = 0
     # None: RAM prefix cache only (library and test default); `kvserve serve` turns it on.
     kv_store: KVStoreConfig | None = None
+
+    @property
+    def context_request(self) -> ContextRequest:
+        """--ctx and the RoPE flags, as the model loader takes them."""
+        return ContextRequest(self.max_model_len, self.rope_scaling, self.rope_scale, self.yarn_orig_ctx)
 
     @property
     def torch_dtype(self) -> torch.dtype:

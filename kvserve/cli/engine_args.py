@@ -39,7 +39,33 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         choices=["none", "int8", "int4"],
         help="CPU bf16 only: low-bit weight copies for decode-sized batches (faster, lossy)",
     )
-    g.add_argument("--ctx", type=int, default=d.max_model_len, help="context length (0 = the model's)")
+    g.add_argument(
+        "--ctx",
+        type=int,
+        default=d.max_model_len,
+        help="context length (0 = the model's); above the trained context, RoPE is extended with YaRN",
+    )
+    g.add_argument(
+        "--rope-scaling",
+        default=d.rope_scaling,
+        choices=["none", "linear", "yarn"],
+        help="RoPE context extension (default: the model's own; yarn when --ctx exceeds the trained "
+        "context); none refuses a --ctx above it",
+    )
+    g.add_argument(
+        "--rope-scale",
+        type=float,
+        default=d.rope_scale,
+        metavar="F",
+        help="RoPE scaling factor: the context grows F times (default: --ctx / the original context)",
+    )
+    g.add_argument(
+        "--yarn-orig-ctx",
+        type=int,
+        default=d.yarn_orig_ctx,
+        metavar="N",
+        help="YaRN: the context the model was trained at (default: from the model file)",
+    )
     g.add_argument(
         "--max-num-seqs",
         type=int,
@@ -116,6 +142,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.ctx,
+        rope_scaling=args.rope_scaling,
+        rope_scale=args.rope_scale,
+        yarn_orig_ctx=args.yarn_orig_ctx,
         weight_quant=args.weight_quant,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
@@ -138,7 +167,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> EngineCore:
     """Load the model and build the engine; a bad model path exits with a one-line error."""
     import torch
 
-    from kvserve.models.loader import ModelLoadError, load_model
+    from kvserve.models.loader import ContextError, ModelLoadError, load_model
 
     try:
         config = resolve(config)
@@ -153,7 +182,9 @@ def build_engine(config: EngineConfig, progress: bool = True) -> EngineCore:
                 return start_tp_engine(config, functools.partial(load_checkpoint_shard, progress=progress))
             except TPLaunchError as error:
                 sys.exit(f"kvserve: {error}")
-        loaded = load_model(config.model, config.torch_dtype, config.device, progress=progress)
-    except ModelLoadError as error:
+        loaded = load_model(
+            config.model, config.torch_dtype, config.device, progress=progress, context=config.context_request
+        )
+    except (ModelLoadError, ContextError) as error:
         sys.exit(f"kvserve: {error}")
     return EngineCore(config, loaded)

@@ -37,7 +37,14 @@ def load_checkpoint_shard(group: TPGroup, config: EngineConfig, *, progress: boo
     from kvserve.models.loader import load_model
 
     show = progress and group.is_driver
-    return load_model(config.model, config.torch_dtype, config.device, progress=show, tp=group)
+    return load_model(
+        config.model,
+        config.torch_dtype,
+        config.device,
+        progress=show,
+        tp=group,
+        context=config.context_request,
+    )
 
 
 def start_tp_engine(config: EngineConfig, load: ShardLoader) -> EngineCore:

@@ -277,13 +277,12 @@ def _resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> int:
     if config.max_model_len <= 0:
         return loaded.max_model_len
     if config.max_model_len > loaded.max_model_len:
-        logger.warning(
-            "--ctx %d exceeds the model's context %d; using %d",
-            config.max_model_len,
-            loaded.max_model_len,
-            loaded.max_model_len,
+        # The loader extends the context (models/rope_scaling.py) when it is given the request; a
+        # silent clamp here would turn every long request into a 400 (issue 20).
+        raise ValueError(
+            f"--ctx {config.max_model_len} exceeds the context the model was loaded for "
+            f"({loaded.max_model_len}); load it with load_model(..., context=config.context_request)"
         )
-        return loaded.max_model_len
     return config.max_model_len
 
 

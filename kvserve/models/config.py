@@ -30,7 +30,7 @@ class ModelArchConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # qwen2: bias on q/k/v
     hidden_act: str = "silu"
-    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # frozen dict items (llama3 / linear)
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # frozen dict items (linear / llama3 / yarn)
     # Gemma 3: sliding-window layers use their own RoPE base and a window.
     sliding_window: int | None = None
     layer_types: tuple[LayerType, ...] = ()
@@ -42,6 +42,17 @@ class ModelArchConfig:
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:
         return dict(self.rope_scaling) if self.rope_scaling is not None else None
+
+    @property
+    def context_length(self) -> int:
+        """The context the model is made for: `max_position_embeddings`, or for YaRN the original
+        context times the factor when that is larger (Qwen ships YaRN configs with
+        max_position_embeddings = the original context, as vLLM's derived max length does)."""
+        scaling = self.rope_scaling_dict or {}
+        if scaling.get("rope_type") == "yarn":
+            extended = int(scaling["original_max_position_embeddings"] * scaling["factor"])
+            return max(self.max_position_embeddings, extended)
+        return self.max_position_embeddings
 
     def layer_type(self, layer_idx: int) -> LayerType:
         return self.layer_types[layer_idx] if self.layer_types else "full_attention"
@@ -125,8 +136,13 @@ def _rope_fields(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, flo
     scaling["rope_type"] = rope_type
     if rope_type == "default":
         return theta, None, local_theta
-    if rope_type == "llama3":
+    if rope_type in ("llama3", "yarn"):  # transformers' standardize_rope_params (a top-level key wins)
+        outside = cfg.get("original_max_position_embeddings")
+        if outside is not None:
+            scaling["original_max_position_embeddings"] = outside
         scaling.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
+    if rope_type == "yarn" and scaling.get("factor") is None:  # DeepSeek-style: the ratio of the two
+        scaling["factor"] = cfg["max_position_embeddings"] / scaling["original_max_position_embeddings"]
     return theta, scaling, local_theta
 
 

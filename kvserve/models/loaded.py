@@ -56,4 +56,4 @@ class LoadedModel:
     fingerprint: str  # hex digest of architecture, shapes, dtype and tensor data
     path: Path
     dtype: torch.dtype
-    max_model_len: int  # context length from the file's metadata
+    max_model_len: int  # the context it was loaded for: --ctx, else the model's own (see rope_scaling.py)

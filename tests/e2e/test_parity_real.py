@@ -22,7 +22,7 @@ from torch import nn
 
 from kvserve.models.aliases import list_known_models
 from kvserve.models.loaded import LoadedModel
-from kvserve.models.loader import load_model
+from kvserve.models.loader import ContextRequest, load_model
 from tests.models.helpers import PagedDriver
 
 pytestmark = pytest.mark.model
@@ -135,6 +135,39 @@ def test_generate_matches_transformers_generate(pair: Pair) -> None:
         )
     driver = PagedDriver(pair.ours.model, num_blocks=16, block_size=16)
     assert driver.generate(0, prompt, NUM_GENERATE_TOKENS) == expected[0, len(prompt) :].tolist()
+
+
+def test_yarn_past_the_trained_context_matches_transformers(pair: Pair) -> None:
+    """`--ctx 32768` on SmolLM2 (trained at 8,192): the YaRN x4 model kvserve builds against
+    transformers' LlamaRotaryEmbedding with the same rope_parameters, on the same weights, at
+    positions 9,000+ (position_ids offset: both attend only over the short sequence itself)."""
+    import copy
+
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    if pair.ours.arch.architecture != "llama":
+        pytest.skip("SmolLM2 is the default model run past its trained context")
+    ours = load_model("smollm2", torch.float32, progress=False, context=ContextRequest(max_model_len=32768))
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}
+    assert ours.max_model_len == 32768 and ours.arch.rope_scaling_dict == yarn
+    config = copy.deepcopy(pair.hf.config)
+    config.rope_parameters = {**yarn, "rope_theta": config.rope_parameters["rope_theta"]}
+    prompt, offset = pair.prompts[3], 9000  # the chat question
+    position_ids = torch.arange(offset, offset + len(prompt) + 16)[None]
+    unscaled = pair.hf.model.rotary_emb
+    try:
+        pair.hf.model.rotary_emb = LlamaRotaryEmbedding(config)
+        continuation = PagedDriver(ours.model, position_offset=offset).generate(0, prompt, 16)
+        with torch.no_grad():
+            expected = pair.hf(torch.tensor([prompt + continuation]), position_ids=position_ids).logits[0]
+    finally:
+        pair.hf.model.rotary_emb = unscaled
+    driver = PagedDriver(ours.model, num_blocks=16, block_size=16, position_offset=offset)
+    got = torch.cat([driver.step([(0, prompt)]), *(driver.step([(0, [t])]) for t in continuation[:-1])])
+    max_diff = (got - expected[:-1]).abs().max().item()
+    print(f"\nSmolLM2 YaRN x4 at positions {offset}+: max |logit diff| = {max_diff:.2e}")
+    assert max_diff < LOGITS_ATOL
+    assert expected[len(prompt) - 1 : -1].argmax(-1).tolist() == continuation  # the same greedy tokens
 
 
 def test_loaded_model_metadata(pair: Pair) -> None:

@@ -11,6 +11,7 @@ from kvserve.config import CacheConfig, EngineConfig, KVStoreConfig, SchedulerCo
 from kvserve.engine.core import EngineCore
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.safetensors import load_hf_model
+from kvserve.models.rope_scaling import ContextRequest
 from tests.models.helpers import make_tiny_hf_model
 
 VOCAB = 384
@@ -33,11 +34,14 @@ def hf_tiny_llama(tiny_llama_dir: Path):  # -> transformers model, the oracle
     return transformers.AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
 
 
-def load_tiny(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    hf = load_hf_model(path, dtype)
+def load_tiny(
+    path: Path, dtype: torch.dtype = torch.float32, context: ContextRequest | None = None
+) -> LoadedModel:
+    hf = load_hf_model(path, dtype, context=context)
     # No tokenizer: engine tests speak token ids; eos is off so lengths are deterministic.
     tokenizer = TokenizerInfo(None, None, bos_token_id=None, eos_token_ids=(), add_bos_token=False)
-    return LoadedModel(hf.model, hf.arch, tokenizer, hf.fingerprint, path, dtype, CTX)
+    ctx = context.max_model_len if context is not None and context.max_model_len else CTX
+    return LoadedModel(hf.model, hf.arch, tokenizer, hf.fingerprint, path, dtype, ctx)
 
 
 def make_engine(
@@ -49,6 +53,7 @@ def make_engine(
     kv_cache_memory_mb: int = 0,
     kv_store: KVStoreConfig | None = None,
     async_scheduling: bool | None = None,
+    context: ContextRequest | None = None,
 ) -> EngineCore:
     config = EngineConfig(
         model=str(path),
@@ -59,7 +64,7 @@ def make_engine(
         kv_store=kv_store,
         async_scheduling=async_scheduling,
     )
-    return EngineCore(config, load_tiny(path))
+    return EngineCore(config, load_tiny(path, context=context))
 
 
 @pytest.fixture()

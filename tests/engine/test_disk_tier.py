@@ -15,6 +15,7 @@ from kvserve.config import EngineConfig, KVStoreConfig, SchedulerConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.kvstore.chunk_format import chunk_file_size
+from kvserve.models.rope_scaling import ContextRequest
 from tests.engine.conftest import VOCAB, load_tiny, make_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -57,6 +58,31 @@ def test_prefix_loaded_from_disk_gives_the_cold_run_tokens(tiny_llama_dir: Path,
     assert cold_request.num_cached_tokens == 0
     assert tokens == cold
     second.shutdown()
+
+
+def test_rope_scaling_is_part_of_the_cache_identity(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """KV computed under other RoPE never mixes: YaRN (--ctx past the trained 2048) is another cache
+    key, so neither the RAM block hashes nor the disk store (its own subdirectory) match."""
+    store = _store_config(tmp_path / "kv")
+    prompt = _prompt(1200, 3)
+    plain = make_engine(tiny_llama_dir, kv_store=store)
+    _run(plain, prompt)
+    plain.shutdown()
+    yarn = make_engine(tiny_llama_dir, kv_store=store, context=ContextRequest(max_model_len=4096))
+    assert yarn.loaded.arch.rope_scaling_dict == {
+        "rope_type": "yarn",
+        "factor": 2.0,
+        "original_max_position_embeddings": 2048,
+    }
+    assert yarn.cache_key != plain.cache_key and yarn.max_model_len == 4096
+    _, request = _run(yarn, prompt)
+    assert request.num_cached_tokens == 0
+    yarn.shutdown()
+    again = make_engine(tiny_llama_dir, kv_store=store, context=ContextRequest(max_model_len=4096))
+    assert again.cache_key == yarn.cache_key
+    _, request = _run(again, prompt)
+    assert request.num_cached_tokens >= 1024  # its own checkpoint, from disk
+    again.shutdown()
 
 
 def test_cold_checkpoint_after_a_first_prefill(tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -19,8 +19,24 @@ def _permute_like_llama_cpp(weights: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(path: Path, hf_model: torch.nn.Module, arch: str, *, qtype: Q = Q.F32) -> Path:
-    """Write `hf_model` as llama.cpp's converter would: its names, permutation and norm offset."""
+def _write_rope_scaling(writer: gguf.GGUFWriter, scaling: dict) -> None:
+    writer.add_rope_scaling_type(gguf.RopeScalingType(scaling["rope_type"]))
+    writer.add_rope_scaling_factor(scaling["factor"])
+    if scaling["rope_type"] == "yarn":
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        if "attention_factor" in scaling:
+            writer.add_rope_scaling_yarn_attn_factor(scaling["attention_factor"])
+        if "beta_fast" in scaling:
+            writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+        if "beta_slow" in scaling:
+            writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
+
+
+def write_gguf(
+    path: Path, hf_model: torch.nn.Module, arch: str, *, qtype: Q = Q.F32, rope_scaling: dict | None = None
+) -> Path:
+    """Write `hf_model` as llama.cpp's converter would: its names, permutation and norm offset, and
+    `rope_scaling` (linear or yarn, HF keys) as convert_hf_to_gguf's `set_gguf_parameters` writes it."""
     config = hf_model.config
     writer = gguf.GGUFWriter(path, arch)
     writer.add_uint32(f"{arch}.context_length", config.max_position_embeddings)
@@ -33,6 +49,8 @@ def write_gguf(path: Path, hf_model: torch.nn.Module, arch: str, *, qtype: Q = Q
     writer.add_uint32(f"{arch}.attention.key_length", head_dim)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_float32(f"{arch}.rope.freq_base", 10_000.0)
+    if rope_scaling is not None:
+        _write_rope_scaling(writer, rope_scaling)
     if arch == "gemma3":
         writer.add_uint32(f"{arch}.attention.sliding_window", config.sliding_window)
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)

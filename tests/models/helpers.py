@@ -34,6 +34,18 @@ def tiny_hf_config(family: str):  # -> transformers.PretrainedConfig
             "original_max_position_embeddings": 16,
         }
         return transformers.LlamaConfig(**TINY, head_dim=16, rope_scaling=rope, rope_theta=10_000.0)
+    if family == "llama_yarn":  # YaRN past an original context of 16, with DeepSeek-style mscales
+        rope = {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "beta_fast": 8.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.5,
+        }
+        return transformers.LlamaConfig(**TINY, head_dim=16, rope_scaling=rope, rope_theta=10_000.0)
+    if family == "qwen2_linear":
+        return transformers.Qwen2Config(**TINY, rope_scaling={"rope_type": "linear", "factor": 3.0})
     if family == "llama_tied":
         return transformers.LlamaConfig(**TINY, tie_word_embeddings=True, rope_theta=100_000.0)
     if family == "qwen2":
@@ -91,9 +103,17 @@ class PagedDriver:
     """
 
     def __init__(
-        self, model: nn.Module, *, num_blocks: int = 128, block_size: int = 4, seed: int = 0
+        self,
+        model: nn.Module,
+        *,
+        num_blocks: int = 128,
+        block_size: int = 4,
+        seed: int = 0,
+        position_offset: int = 0,
     ) -> None:
-        self.model, self.block_size = model, block_size
+        # position_offset: RoPE positions start there while the cache holds only the sequence itself,
+        # which is a forward with HF's position_ids = offset + arange (positions past a long context).
+        self.model, self.block_size, self.position_offset = model, block_size, position_offset
         num_layers, num_kv_heads, head_dim = model.kv_cache_spec()
         dtype, device = model.model.embed_tokens.weight.dtype, model.model.embed_tokens.weight.device
         self.device = device
@@ -125,7 +145,7 @@ class PagedDriver:
             for pos in range(start, end):
                 slots.append(seq.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size)
             input_ids += tokens
-            positions += range(start, end)
+            positions += range(start + self.position_offset, end + self.position_offset)
             starts.append(starts[-1] + len(tokens))
             seq_lens.append(end)
             context_lens.append(start)

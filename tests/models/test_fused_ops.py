@@ -22,6 +22,8 @@ _BF16 = pytest.param(
     torch.bfloat16, marks=pytest.mark.skipif(not IS_CUDA, reason="interpreter bf16 casts truncate")
 )
 DTYPES = [torch.float32, _BF16]
+# YaRN: its attention factor scales the tables, which every fused kernel below must carry through.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
 
 
 def _torch_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -48,11 +50,13 @@ def test_rms_norm_with_residual(dtype: torch.dtype) -> None:
         torch.testing.assert_close(plain, _torch_norm(norm, x), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("scaling", [None, YARN])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_matches_torch(dtype: torch.dtype) -> None:
+def test_rotary_matches_torch(dtype: torch.dtype, scaling: dict | None) -> None:
     qkv = torch.randn(7, 6 + 2 * 2, 32, device=DEVICE).to(dtype)
     qk = qkv[:, :8]  # a strided view, as in the attention layer
-    cos, sin = RotaryEmbedding(32, 10_000.0).to(DEVICE)(torch.arange(3, 10, device=DEVICE), dtype)
+    rope = RotaryEmbedding(32, 10_000.0, scaling).to(DEVICE)
+    cos, sin = rope(torch.arange(3000, 3007, device=DEVICE), dtype)
     half = 16
     want = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
     # Within an ulp: the GPU may contract the fp32 multiply-add, or round a bf16 product apart.
@@ -69,11 +73,13 @@ def test_silu_mul_matches_torch(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.skipif(not IS_CUDA, reason="libdevice cos/sin: CUDA only")
+@pytest.mark.parametrize("scaling", [None, YARN])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_tables_match_torch(dtype: torch.dtype) -> None:
-    rope = RotaryEmbedding(64, 500_000.0).to(DEVICE)
+def test_rope_tables_match_torch(dtype: torch.dtype, scaling: dict | None) -> None:
+    rope = RotaryEmbedding(64, 500_000.0, scaling).to(DEVICE)
     positions = torch.tensor([0, 1, 7, 130, 4095, 131_071], device=DEVICE)
-    cos, sin = fused_ops.rope_tables(positions, rope.inv_freq, dtype)
+    cos, sin = rope(positions, dtype)  # on CUDA the layer takes the fused kernel
+    assert torch.equal(cos, fused_ops.rope_tables(positions, rope.inv_freq, dtype, rope.attention_factor)[0])
     enabled, fused_ops.ENABLED = fused_ops.ENABLED, False
     try:
         want_cos, want_sin = rope(positions, dtype)
@@ -86,14 +92,16 @@ def test_rope_tables_match_torch(dtype: torch.dtype) -> None:
     torch.testing.assert_close(sin, want_sin, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("scaling", [None, YARN])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_with_kv_write_matches_rotary_then_write(dtype: torch.dtype) -> None:
+def test_rotary_with_kv_write_matches_rotary_then_write(dtype: torch.dtype, scaling: dict | None) -> None:
     from kvserve.models.layers.attention.torch_ref import TorchRefBackend
 
     num_heads, num_kv_heads, head_dim = 6, 2, 32
     qkv = torch.randn(5, num_heads + 2 * num_kv_heads, head_dim, device=DEVICE).to(dtype)
     qk, v = qkv[:, : num_heads + num_kv_heads], qkv[:, num_heads + num_kv_heads :]
-    cos, sin = RotaryEmbedding(head_dim, 10_000.0).to(DEVICE)(torch.arange(10, 15, device=DEVICE), dtype)
+    rope = RotaryEmbedding(head_dim, 10_000.0, scaling).to(DEVICE)
+    cos, sin = rope(torch.arange(2000, 2005, device=DEVICE), dtype)
     slots = torch.tensor([3, 17, -1, 40, 8], device=DEVICE)  # -1: a padded row writes nothing
     cache = torch.zeros(2, 4, 16, num_kv_heads, head_dim, device=DEVICE, dtype=dtype)
     got = fused_ops.rotary(qk, cos, sin, kv_cache=cache, v=v, slot_mapping=slots)

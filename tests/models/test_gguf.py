@@ -23,7 +23,7 @@ from kvserve.models.loader import load_model
 from kvserve.models.loader.gguf import dequantize, iter_hf_tensors, read_gguf_config
 from kvserve.models.loader.gguf_config import _llama3_freq_factors
 from tests.models.gguf_files import write_gguf
-from tests.models.helpers import make_tiny_hf_model
+from tests.models.helpers import TINY, make_tiny_hf_model
 
 # -- dequantization --------------------------------------------------------------------------
 
@@ -188,6 +188,44 @@ def test_gemma3_config_follows_llama_cpp(tmp_path: Path) -> None:
     assert config["query_pre_attn_scalar"] == config["head_dim"] == 32
     assert config["rope_local_base_freq"] == 10_000.0
     assert config["hidden_activation"] == "gelu_pytorch_tanh"
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        {
+            "rope_type": "yarn",
+            "factor": 2.5,
+            "original_max_position_embeddings": 128,
+            "attention_factor": 0.75,
+            "beta_fast": 16.0,
+            "beta_slow": 2.0,
+        },
+    ],
+)
+def test_rope_scaling_metadata_becomes_hf_rope_scaling(
+    tiny_llama: torch.nn.Module, tmp_path: Path, scaling: dict
+) -> None:
+    """`{arch}.rope.scaling.*` as llama.cpp's converter writes it (gguf-py's writer) come back as
+    the rope_scaling transformers had, so the same inverse frequencies and attention factor."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from kvserve.models.config import arch_config_from_hf
+    from kvserve.models.layers.rotary import rope_init
+
+    path = write_gguf(tmp_path / "scaled.gguf", tiny_llama, "llama", rope_scaling=scaling)
+    _, config = read_gguf_config(path)
+    assert config["rope_scaling"] == scaling
+    arch = arch_config_from_hf(config)
+    hf_config = transformers.LlamaConfig(
+        **TINY, head_dim=arch.head_dim, rope_theta=arch.rope_theta, rope_scaling=dict(scaling)
+    )
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](hf_config, "cpu")
+    ours = rope_init(arch.head_dim, arch.rope_theta, arch.rope_scaling_dict)
+    assert torch.equal(ours.inv_freq, inv_freq) and ours.attention_factor == attention_factor
 
 
 def test_llama3_rope_scaling_recovered_from_rope_freqs() -> None:

@@ -12,7 +12,7 @@ from torch import nn
 from kvserve.models.loader.safetensors import load_hf_model
 from tests.models.helpers import PagedDriver, save_tiny_hf_model
 
-FAMILIES = ["llama", "llama_tied", "qwen2", "qwen3", "gemma3"]
+FAMILIES = ["llama", "llama_tied", "llama_yarn", "qwen2", "qwen2_linear", "qwen3", "gemma3"]
 LOGITS_ATOL = 1e-4  # measured max |diff| is ~4e-6 on logits of magnitude ~3
 PROMPT_LEN = 40  # > 4x gemma3's window of 8, so sliding layers really drop keys
 
@@ -86,7 +86,7 @@ def test_mixed_batch_matches_separate_runs(pair: Pair) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["torch_ref", "triton"])
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3", "gemma3_hd256"])
+@pytest.mark.parametrize("family", ["llama", "llama_yarn", "qwen3", "gemma3", "gemma3_hd256"])
 def test_cuda_matches_cpu(family: str, backend: str, tmp_path: Path) -> None:
     hf = save_tiny_hf_model(family, tmp_path)
     prompt = _tokens(PROMPT_LEN, seed=8)

@@ -199,7 +199,14 @@ def rotary(
 
 @triton.jit
 def _rope_tables_kernel(
-    pos_ptr, inv_freq_ptr, cos_ptr, sin_ptr, HALF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+    pos_ptr,
+    inv_freq_ptr,
+    cos_ptr,
+    sin_ptr,
+    attention_factor,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_enter(PDL)  # see triton_launch.py
     token = tl.program_id(0).to(tl.int64)
@@ -207,8 +214,10 @@ def _rope_tables_kernel(
     mask = i < HALF
     freqs = tl.load(pos_ptr + token).to(tl.float32) * tl.load(inv_freq_ptr + i, mask=mask, other=0.0)
     # libdevice's cosf/sinf: the functions torch's CUDA cos/sin call, not the fast approximations.
-    cos = tl.extra.cuda.libdevice.cos(freqs).to(cos_ptr.dtype.element_ty)
-    sin = tl.extra.cuda.libdevice.sin(freqs).to(sin_ptr.dtype.element_ty)
+    # The attention factor (YaRN's mscale) scales both in fp32 before the cast, as transformers does;
+    # x * 1.0 is exact, so unscaled RoPE keeps its bits.
+    cos = (tl.extra.cuda.libdevice.cos(freqs) * attention_factor).to(cos_ptr.dtype.element_ty)
+    sin = (tl.extra.cuda.libdevice.sin(freqs) * attention_factor).to(sin_ptr.dtype.element_ty)
     row = token * 2 * HALF
     tl.store(cos_ptr + row + i, cos, mask=mask)
     tl.store(cos_ptr + row + HALF + i, cos, mask=mask)
@@ -217,10 +226,11 @@ def _rope_tables_kernel(
 
 
 def rope_tables(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, attention_factor: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RotaryEmbedding.forward in one launch instead of ~9 (a CUDA-graph decode step pays ~2 us for
-    each): positions [T] -> cos, sin [T, 1, head_dim] in `dtype`, sin's first half negated."""
+    each): positions [T] -> cos, sin [T, 1, head_dim] in `dtype`, sin's first half negated, both
+    multiplied by `attention_factor`."""
     (num_tokens,) = positions.shape
     half = inv_freq.shape[0]
     cos = torch.empty(num_tokens, 1, 2 * half, dtype=dtype, device=positions.device)
@@ -232,6 +242,7 @@ def rope_tables(
             inv_freq,
             cos,
             sin,
+            float(attention_factor),
             HALF=half,
             BLOCK=triton.next_power_of_2(half),
             PDL=pdl,

@@ -8,14 +8,19 @@ cost hundreds of MB, and the on-the-fly product matches HF's arithmetic exactly.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 
-def rope_inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """[head_dim // 2] float32 inverse frequencies on the CPU, following transformers' ROPE_INIT_FUNCTIONS.
+class RopeInit(NamedTuple):
+    inv_freq: torch.Tensor  # [head_dim // 2] float32, on the CPU
+    attention_factor: float  # multiplies cos and sin (YaRN's mscale; 1.0 for the other types)
+
+
+def rope_init(head_dim: int, base: float, scaling: dict[str, Any] | None) -> RopeInit:
+    """Inverse frequencies and attention factor, following transformers' ROPE_INIT_FUNCTIONS.
 
     On the CPU even inside `torch.device("meta")` (where models are built): meta tensors run Python
     reference kernels whose first use imports torch._dynamo, seconds in every process.
@@ -24,13 +29,17 @@ def rope_inv_freq(head_dim: int, base: float, scaling: dict[str, Any] | None) ->
     inv_freq = 1.0 / (base ** (positions / head_dim))
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if rope_type == "default":
-        return inv_freq
+        return RopeInit(inv_freq, 1.0)
     assert scaling is not None
     if rope_type == "linear":
-        return inv_freq / scaling["factor"]
+        return RopeInit(inv_freq / scaling["factor"], 1.0)
     if rope_type == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling)
-    raise ValueError(f"unsupported rope_scaling type {rope_type!r} (supported: default, linear, llama3)")
+        return RopeInit(_llama3_inv_freq(inv_freq, scaling), 1.0)
+    if rope_type == "yarn":
+        return _yarn(head_dim, base, scaling)
+    raise ValueError(
+        f"unsupported rope_scaling type {rope_type!r} (supported: default, linear, llama3, yarn)"
+    )
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -49,11 +58,55 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn(head_dim: int, base: float, scaling: dict[str, Any]) -> RopeInit:
+    """transformers' `_compute_yarn_parameters`: low frequencies (wavelengths longer than the original
+    context) are interpolated by `factor`, high ones kept, the band between blended by a linear ramp
+    over [beta_slow, beta_fast] rotations; cos/sin are scaled by the attention factor (mscale)."""
+    factor = float(scaling["factor"])
+    original = scaling["original_max_position_embeddings"]
+    attention_factor = scaling.get("attention_factor")
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = _yarn_mscale(factor)
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(num_rotations: float) -> float:
+        # The dimension whose wavelength fits `num_rotations` times into the original context.
+        return (head_dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # prevent a division by zero, as transformers does
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, head_dim, 2, device="cpu").float() / head_dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    extrapolation_share = 1 - ramp
+    inv_freq = (
+        inv_freq_interpolation * (1 - extrapolation_share) + inv_freq_extrapolation * extrapolation_share
+    )
+    return RopeInit(inv_freq, float(attention_factor))
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN paper eq. 21: 0.1 * mscale * ln(scale) + 1."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
 class RotaryEmbedding(nn.Module):
     """positions -> (cos, sin), each [num_tokens, 1, head_dim], in the compute dtype.
 
     `sin` comes back with its first half negated so `apply_rotary` needs no negation:
-    rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin).
+    rotate_half(x) * sin == cat(x2, x1) * cat(-sin, sin). Both carry the attention factor (YaRN),
+    so every consumer of the tables (the torch path, the fused Triton RoPE and RoPE+KV write, the
+    one-token GEMV layer) applies it.
     """
 
     def __init__(self, head_dim: int, base: float, scaling: dict[str, Any] | None = None) -> None:
@@ -61,21 +114,23 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.base = base
         self.scaling = scaling
-        inv_freq = rope_inv_freq(head_dim, base, scaling).to(torch.get_default_device())
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        inv_freq, self.attention_factor = rope_init(head_dim, base, scaling)
+        self.register_buffer("inv_freq", inv_freq.to(torch.get_default_device()), persistent=False)
 
     def reset_parameters(self) -> None:
         """Recompute `inv_freq` (needed after building on the meta device and `to_empty`)."""
-        self.inv_freq = rope_inv_freq(self.head_dim, self.base, self.scaling).to(self.inv_freq.device)
+        self.inv_freq = rope_init(self.head_dim, self.base, self.scaling).inv_freq.to(self.inv_freq.device)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if positions.is_cuda:
             from kvserve.models.layers import fused_ops
 
             if fused_ops.ENABLED and self.inv_freq.dtype == torch.float32:
-                return fused_ops.rope_tables(positions, self.inv_freq, dtype)
+                return fused_ops.rope_tables(positions, self.inv_freq, dtype, self.attention_factor)
         freqs = positions[:, None].float() * self.inv_freq  # [num_tokens, head_dim // 2]
         cos, sin = freqs.cos(), freqs.sin()
+        if self.attention_factor != 1.0:  # in fp32 before the cast, as transformers does
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
         cos = torch.cat((cos, cos), dim=-1).to(dtype)  # [num_tokens, head_dim]
         sin = torch.cat((-sin, sin), dim=-1).to(dtype)
         return cos[:, None, :], sin[:, None, :]

@@ -6,6 +6,7 @@ modules through the same `load_state_dict_into`.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -30,8 +31,13 @@ from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.gguf import hf_config_from_gguf, iter_hf_tensors, read_gguf
 from kvserve.models.loader.safetensors import WeightLoadError, iter_safetensors, load_state_dict_into
 from kvserve.models.loader.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
+from kvserve.models.rope_scaling import ContextError, ContextPlan, ContextRequest, describe, plan_context
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ContextError",
+    "ContextRequest",
     "CorruptModelFileError",
     "ModelLoadError",
     "ModelNotFoundError",
@@ -48,30 +54,34 @@ def load_model(
     *,
     progress: bool = True,
     tp: TPGroup | None = None,
+    context: ContextRequest | None = None,
 ) -> LoadedModel:
     """Load a .gguf file, an HF folder (config.json + *.safetensors + tokenizer files) or an alias;
     with a tensor-parallel `tp`, only this rank's shard of the weights (`fingerprint` is the shard's).
+    `context` (--ctx and the RoPE scaling flags) picks the context and the RoPE scaling the model is
+    built with; `max_model_len` of the result is that context.
 
     Raises a `ModelLoadError` subclass, with a one-line message naming the file, for a missing
-    path, a corrupt file or an architecture kvserve cannot run.
+    path, a corrupt file or an architecture kvserve cannot run, and `ContextError` for a context
+    the flags cannot give this model.
     """
     path = resolve_model_path(spec)
     if path.is_dir():
         hf_config = _read_config_json(path)
-        arch = _arch_config(path, hf_config)
-        model = _build(path, arch, dtype, device, tp)
+        plan = _plan(path, hf_config, context, tp)
+        model = _build(path, plan.arch, dtype, device, tp)
         _load_weights(path, model, _with_progress(_safetensors(path), path, progress))
         tokenizer = load_hf_tokenizer(path)
     else:
         gguf = read_gguf(path)
         hf_config = hf_config_from_gguf(gguf)
-        arch = _arch_config(path, hf_config)
+        plan = _plan(path, hf_config, context, tp)
         tokenizer = load_gguf_tokenizer(
             path, gguf.metadata
         )  # before the weights: fail fast on a bad vocabulary
-        model = _build(path, arch, dtype, device, tp)
+        model = _build(path, plan.arch, dtype, device, tp)
         _load_weights(path, model, iter_hf_tensors(gguf, hf_config, dtype, progress=progress))
-    return _loaded(path, model, arch, tokenizer, dtype)
+    return _loaded(path, model, plan, tokenizer, dtype)
 
 
 def resolve_model_path(spec: str | Path) -> Path:
@@ -89,17 +99,27 @@ def resolve_model_path(spec: str | Path) -> Path:
     return path
 
 
+def _plan(path: Path, hf_config: dict, context: ContextRequest | None, tp: TPGroup | None) -> ContextPlan:
+    plan = plan_context(_arch_config(path, hf_config), context or ContextRequest())
+    if tp is None or tp.is_driver:  # one log line per server, not per rank
+        if plan.notice is not None:
+            logger.warning("%s", plan.notice)
+        logger.info("context %d, %s", plan.max_model_len, describe(plan.arch))
+    return plan
+
+
 def _loaded(
-    path: Path, model: nn.Module, arch: ModelArchConfig, tokenizer: TokenizerInfo, dtype: torch.dtype
+    path: Path, model: nn.Module, plan: ContextPlan, tokenizer: TokenizerInfo, dtype: torch.dtype
 ) -> LoadedModel:
     return LoadedModel(
         model=model,
-        arch=arch,
+        arch=plan.arch,
         tokenizer=tokenizer,
-        fingerprint=model_fingerprint(arch, dtype, model.state_dict().items()),
+        # The arch carries the RoPE scaling: KV under other scaling gets another fingerprint.
+        fingerprint=model_fingerprint(plan.arch, dtype, model.state_dict().items()),
         path=path,
         dtype=dtype,
-        max_model_len=arch.max_position_embeddings,
+        max_model_len=plan.max_model_len,
     )
 
 

@@ -115,18 +115,38 @@ def _uniform(gguf: GGUFFile, name: str, value: int | list[int]) -> int:
     return int(value)
 
 
+# llama.cpp's optional YaRN keys (gguf-py constants.py, Keys.Rope) -> transformers' rope_scaling keys.
+_YARN_KEYS = {
+    "rope.scaling.yarn_beta_fast": "beta_fast",
+    "rope.scaling.yarn_beta_slow": "beta_slow",
+    "rope.scaling.yarn_attn_factor": "attention_factor",  # convert_hf_to_gguf writes HF's here
+}
+
+
 def _rope_scaling(gguf: GGUFFile, key: Any) -> dict[str, Any] | None:
+    """HF's rope_scaling from `{arch}.rope.scaling.*` (and the older `rope.scale_linear`)."""
     scaling_type = key("rope.scaling.type", "none")
     if "rope_freqs.weight" in gguf.tensor_names:
         return _llama3_rope_scaling(gguf, key)
     if scaling_type == "none":
-        return None
+        scale_linear = float(key("rope.scale_linear", 1.0))
+        return None if scale_linear == 1.0 else {"rope_type": "linear", "factor": scale_linear}
     factor = float(key("rope.scaling.factor"))
     if scaling_type == "linear":
         return {"rope_type": "linear", "factor": factor}
     if scaling_type == "yarn":
         original = int(key("rope.scaling.original_context_length"))
-        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+        scaling = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+        for gguf_key, hf_key in _YARN_KEYS.items():
+            value = key(gguf_key, None)
+            if value is not None:
+                scaling[hf_key] = float(value)
+        if float(key("rope.scaling.yarn_ext_factor", 1.0)) != 1.0 or key(
+            "rope.scaling.yarn_log_multiplier", 0.0
+        ):
+            # DeepSeek-style extrapolation mixes and log multipliers have no transformers counterpart here.
+            raise UnsupportedModelError(gguf.path, "YaRN ext_factor / log_multiplier other than the defaults")
+        return scaling
     raise UnsupportedModelError(gguf.path, f"rope scaling type {scaling_type!r} is not supported")
 
 

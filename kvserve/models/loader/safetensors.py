@@ -21,6 +21,7 @@ from kvserve.models.fingerprint import model_fingerprint
 from kvserve.models.layers.attention.backend import AttentionBackend
 from kvserve.models.layers.linear import MergedLinear
 from kvserve.models.registry import build_model
+from kvserve.models.rope_scaling import ContextRequest, plan_context
 
 
 class WeightLoadError(RuntimeError):
@@ -53,9 +54,11 @@ def load_hf_model(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     backend: AttentionBackend | None = None,
+    context: ContextRequest | None = None,
 ) -> HFModel:
+    """The bare model of an HF folder (no tokenizer); `context` as in `load_model`."""
     path = Path(path)
-    arch = load_hf_config(path)
+    arch = plan_context(load_hf_config(path), context or ContextRequest()).arch
     model = build_model(arch, dtype, device, backend)
     load_state_dict_into(model, iter_safetensors(path))
     return HFModel(model, arch, model_fingerprint(arch, dtype, model.state_dict().items()))

@@ -1,0 +1,38 @@
+"""The default model serves the first requests of Claude Code 2.1.332 (~12.8K tokens) and Codex
+0.171.0 (~9.1K) with `--ctx 32768` (what `make serve` runs): past SmolLM2's trained 8,192 tokens,
+through YaRN. Lean on purpose: two fp32 prefills of 9-13K tokens are most of this file's time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.client_fixtures import check_claude_code_stream, check_codex_stream, post_fixture, serve_model
+
+pytestmark = pytest.mark.model
+
+TRAINED_CONTEXT = 8192
+
+
+@pytest.fixture(scope="module")
+def smollm2_url() -> Iterator[str]:
+    with serve_model("smollm2", 32768) as url:
+        yield url
+
+
+def test_claude_code_first_request_past_the_trained_context(smollm2_url: str) -> None:
+    start = time.monotonic()
+    frames = post_fixture(
+        smollm2_url, "/v1/messages?beta=true", "claude-code-2.1.332_messages.json", max_tokens=8
+    )
+    print(f"\nClaude Code 2.1.332 first request on SmolLM2 at 32K: {time.monotonic() - start:.1f} s")
+    check_claude_code_stream(frames, min_prompt_tokens=TRAINED_CONTEXT)
+
+
+def test_codex_first_request_past_the_trained_context(smollm2_url: str) -> None:
+    start = time.monotonic()
+    frames = post_fixture(smollm2_url, "/v1/responses", "codex-0.171.0_responses.json", max_output_tokens=8)
+    print(f"\nCodex 0.171.0 first request on SmolLM2 at 32K: {time.monotonic() - start:.1f} s")
+    check_codex_stream(frames, min_prompt_tokens=TRAINED_CONTEXT)
