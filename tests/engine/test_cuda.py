@@ -14,6 +14,7 @@ from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.safetensors import load_hf_model
+from kvserve.models.rope_scaling import ContextRequest
 from tests.engine.conftest import CTX, VOCAB
 from tests.models.helpers import PagedDriver
 
@@ -21,10 +22,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _loaded(path: Path, dtype: str) -> LoadedModel:
-    hf = load_hf_model(path, _DTYPES[dtype], "cuda")
+def _loaded(path: Path, dtype: str, context: ContextRequest | None = None) -> LoadedModel:
+    hf = load_hf_model(path, _DTYPES[dtype], "cuda", context=context)
     tokenizer = TokenizerInfo(None, None, bos_token_id=None, eos_token_ids=(), add_bos_token=False)
-    return LoadedModel(hf.model, hf.arch, tokenizer, hf.fingerprint, path, _DTYPES[dtype], CTX)
+    ctx = context.max_model_len if context is not None else CTX
+    return LoadedModel(hf.model, hf.arch, tokenizer, hf.fingerprint, path, _DTYPES[dtype], ctx)
 
 
 def _engine(
@@ -37,6 +39,7 @@ def _engine(
     kv_cache_memory_mb: int = 64,
     gpu_memory_utilization: float = 0.9,
     async_scheduling: bool | None = None,
+    context: ContextRequest | None = None,
 ) -> EngineCore:
     config = EngineConfig(
         model=str(path),
@@ -52,7 +55,7 @@ def _engine(
         ),
         scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens),
     )
-    return EngineCore(config, _loaded(path, dtype))
+    return EngineCore(config, _loaded(path, dtype, context))
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -119,6 +122,20 @@ def test_overlapped_graph_decode_equals_synchronous(tiny_llama_dir: Path, dtype:
         assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_usable_blocks
     assert runs[0] == runs[1]
     assert runs[0][0][-1] == stops[0] and runs[0][3][-1] == stops[3]
+
+
+def test_yarn_graph_decode_equals_the_cpu_engine(tiny_llama_dir: Path) -> None:
+    """--ctx 4x the trained context on CUDA: the fused RoPE tables, the fused RoPE + KV write and the
+    CUDA-graph decode carry YaRN's attention factor as the CPU torch path does."""
+    from tests.engine.conftest import make_engine
+
+    yarn = ContextRequest(max_model_len=4 * CTX)
+    graphed = _engine(tiny_llama_dir, "float32", context=yarn)
+    assert graphed.loaded.arch.rope_scaling_dict["rope_type"] == "yarn" and graphed.runner.graphs is not None
+    got = _generate(graphed, PROMPTS)
+    assert graphed.runner.graphs.num_replays > 0
+    assert got == _generate(make_engine(tiny_llama_dir, context=yarn), PROMPTS)
+    assert got != _generate(_engine(tiny_llama_dir, "float32"), PROMPTS)  # the scaling matters
 
 
 def test_seeded_sampling_graph_equals_eager(tiny_llama_dir: Path) -> None:
