@@ -83,6 +83,9 @@ class DiskTier:
         self.block_size = identity.block_size
         # Turn-start token sequences of the chat template, for the `cold` cut (set by the server).
         self.turn_markers: tuple[Sequence[int], Sequence[int]] = ((), ())
+        # Told (request id, RAM hit tokens, disk hit tokens, checkpoint id) at each admission lookup, on
+        # the engine thread (set by the server: the web console shows where each prompt came from).
+        self.on_source: Callable[[str, int, int, str | None], None] | None = None
         self.recent = RecentSequences()
         self._evicted: dict[BlockHash, int] = {}  # evicted this step: hash -> block (KV still intact)
         self._looked_up: set[str] = set()
@@ -165,6 +168,9 @@ class DiskTier:
         self, request: Request, n_ram: int, n_disk: int, run: ChunkRun | None, load_s: float = 0.0
     ) -> None:
         n = request.num_prompt_tokens
+        if self.on_source is not None:
+            checkpoint_id = run.checkpoint_ids[0] if n_disk and run is not None and run.checkpoint_ids else None
+            self.on_source(request.request_id, n_ram, n_disk, checkpoint_id)
         if n_disk:
             logger.info(
                 "request %s: %d prompt tokens: %d from RAM, %d from disk checkpoint %s (%.0f ms), %d to prefill",

@@ -40,8 +40,10 @@ from kvserve.kvstore.eviction import (
     EvictionPlan,
     EvictionPolicy,
     IncomingStore,
+    ScoredEntry,
     eviction_entries,
     plan_eviction,
+    score_entries,
 )
 from kvserve.kvstore.layout import has_flat_layout, migrate_flat_layout, model_dir, other_models_bytes
 from kvserve.kvstore.manifest import encode_manifest
@@ -240,6 +242,15 @@ class CheckpointStore:
             if not run:
                 return None
             return ChunkRun(tuple(run), tuple(self._index.users_of(run[-1].key)))
+
+    def scored_checkpoints(self) -> list[tuple[Checkpoint, ScoredEntry]]:
+        """Every checkpoint with its marginal bytes and eviction score now (the lowest goes first)."""
+        with self._lock:
+            checkpoints = self._index.all()
+            chunk_sizes = self._index.chunk_bytes()
+        now = self._clock()
+        entries = eviction_entries(checkpoints, now, self._loaded_at, self.protect_loaded_s)
+        return list(zip(checkpoints, score_entries(entries, chunk_sizes, now, self.policy), strict=True))
 
     def get(self, checkpoint_id: str) -> Checkpoint | None:
         with self._lock:

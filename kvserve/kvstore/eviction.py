@@ -165,3 +165,29 @@ def plan_eviction(
         refcounts.subtract(victim.chunk_keys)
         victims.append(victim.checkpoint_id)
     return EvictionPlan("fits", tuple(victims))
+
+
+class ScoredEntry(NamedTuple):
+    entry: EvictionEntry
+    marginal_bytes: int
+    effective_hits: float
+    score: float
+
+
+def score_entries(
+    entries: Sequence[EvictionEntry],
+    chunk_sizes: Mapping[str, int],
+    now: float,
+    policy: EvictionPolicy = DEFAULT_EVICTION_POLICY,
+) -> list[ScoredEntry]:
+    """Every entry's marginal bytes and eviction score now, as `plan_eviction` would rank them
+    before a store (for `kvserve serve`'s console: which checkpoint goes next, and why)."""
+    refcounts: Counter[str] = Counter()
+    for entry in entries:
+        refcounts.update(entry.chunk_keys)
+    scored = []
+    for entry in entries:
+        marginal = marginal_bytes(entry, refcounts, chunk_sizes)
+        eh = effective_hits(entry.hits, entry.last_used, entry.created, now, policy)
+        scored.append(ScoredEntry(entry, marginal, eh, eviction_score(entry, marginal, now, policy)))
+    return scored

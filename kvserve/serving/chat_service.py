@@ -41,6 +41,7 @@ from kvserve.serving.heartbeat import with_heartbeat
 from kvserve.serving.live_sequences import LiveSequence, LiveSequences, request_fingerprint
 from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter, TextSegmenter
 from kvserve.serving.prefill_progress import PrefillTracker
+from kvserve.serving.request_recorder import RequestRecorder
 from kvserve.serving.token_text import TokenTexts
 from kvserve.serving.tool_continuation import (
     ContinuationWording,
@@ -107,6 +108,7 @@ class ChatService:
         vocab_size: int | None = None,
         reasoning_syntax: ReasoningSyntax | None = None,
         prompt_prefix: PromptPrefixLookup | None = None,
+        recorder: RequestRecorder | None = None,
     ):
         """`tool_memory` None turns exact tool replay off (--disable-exact-tool-replay); `live_sequences`
         None turns live tool continuation off. `tool_syntax` and `reasoning_syntax` are what the
@@ -122,6 +124,7 @@ class ChatService:
         self.tool_memory = tool_memory
         self.live_sequences = live_sequences
         self.prompt_prefix = prompt_prefix
+        self.recorder = recorder or RequestRecorder()  # what the web console shows
         hf = tokenizer.tokenizer
         special = {
             name: getattr(hf, name)
@@ -290,6 +293,7 @@ class ChatService:
                 yield event
             return
         run = self._new_run(prepared)
+        self.recorder.start(prepared.request_id, prepared.prompt_token_ids, run)
         outputs = self.engine.generate(
             prepared.request_id,
             prepared.prompt_token_ids,
@@ -311,6 +315,7 @@ class ChatService:
         finally:
             await _aclose(beats)
             await _aclose(outputs)
+            self.recorder.end(prepared.request_id)
         closing = run.finish()
         self._remember_tool_calls(prepared, run, closing)  # before the client can send the results
         for event in closing:

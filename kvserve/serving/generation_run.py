@@ -44,6 +44,11 @@ class GenerationRun:
         self._reason: FinishReason | None = None
         self._error: str | None = None  # the engine's reason for FinishReason.ERROR
 
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        """How the run ended ("stop", "length"); None while running, or when aborted or failed."""
+        return self._reason
+
     def tick(self) -> list[GenerationEvent]:
         """A heartbeat: a keepalive event while the prompt is still prefilling."""
         return [] if self.prefill.is_done else [self.prefill.progress()]

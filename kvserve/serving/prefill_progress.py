@@ -34,6 +34,7 @@ class PrefillTracker:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.is_done = False
+        self.elapsed_s: float | None = None  # time to the first token, once it came
         self.reports = reports
         self._clock = clock
         self._started = self._last_log = clock()
@@ -78,6 +79,7 @@ class PrefillTracker:
         self.is_done = True
         self.num_computed_tokens, self.num_cached_tokens = self.num_prompt_tokens, num_cached_tokens
         progress = self.progress()
+        self.elapsed_s = progress.elapsed_s
         logger.info(
             "request %s prefill done: %d tokens (%d cached) in %.2f s, %.0f tok/s",
             self.request_id,
