@@ -1,5 +1,7 @@
 """`--api-key`: a pure ASGI middleware (streams pass through untouched) checking every route
-except the liveness probes. Accepts `Authorization: Bearer <key>` and `x-api-key: <key>`."""
+except the liveness probes and the web console's static files (the page holds no data: it asks
+for the key and sends it on every API call). Accepts `Authorization: Bearer <key>` and
+`x-api-key: <key>`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from kvserve.api.console.routes import STATIC_PREFIX
 from kvserve.api.errors import anthropic_error_body, is_anthropic_path, openai_error_body
 
 _OPEN_PATHS = {"/health"}
@@ -43,11 +46,9 @@ class ApiKeyMiddleware:
 
     @staticmethod
     def _is_open(scope: Scope) -> bool:
-        return (
-            scope["path"] in _OPEN_PATHS
-            or (scope["path"] == "/" and scope["method"] == "HEAD")
-            or scope["method"] == "OPTIONS"
-        )
+        path = scope["path"]
+        is_page = scope["method"] in ("GET", "HEAD") and (path == "/" or path.startswith(STATIC_PREFIX + "/"))
+        return path in _OPEN_PATHS or is_page or scope["method"] == "OPTIONS"
 
     def _has_key(self, scope: Scope) -> bool:
         headers = dict(scope["headers"])

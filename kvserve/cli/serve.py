@@ -115,6 +115,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
     """Everything `run` serves, from the flags: --chdir first, then the model, engine and app."""
     from kvserve.api.app import create_app
     from kvserve.api.settings import ApiSettings
+    from kvserve.cli import console_sources
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
     from kvserve.serving.live_sequences import LiveSequences
@@ -159,7 +160,15 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
         max_body_bytes=args.max_body_mb * 2**20,
     )
     store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
-    app = create_app(service, settings, response_store=store, engine_stats=lambda: _engine_stats(core))
+    console_sources.feed_prompt_sources(core, service.recorder)
+    app = create_app(
+        service,
+        settings,
+        response_store=store,
+        engine_stats=lambda: _engine_stats(core),
+        cache_view=lambda: console_sources.cache_view(core),
+        checkpoint_tokens=lambda checkpoint_id: console_sources.checkpoint_tokens(core, checkpoint_id),
+    )
     app.state.closers = []
     if core.disk_tier is not None and service.tool_memory is not None:
         # Exact replay after a restart needs the sampled call text beside the restored checkpoints

@@ -1,0 +1,201 @@
+// Chat playground over the server's own Chat Completions API (streaming).
+import { apiFetch } from "./api.js";
+
+const history = [];  // OpenAI messages of the conversation so far
+let controller = null;
+let numSent = 0;
+
+const $ = (id) => document.getElementById(id);
+
+function settings() {
+  const number = (id) => {
+    const text = $(id).value.trim();
+    return text === "" ? null : Number(text);
+  };
+  const body = {
+    temperature: number("set-temperature"),
+    top_p: number("set-top_p"),
+    max_tokens: number("set-max_tokens"),
+    seed: number("set-seed"),
+  };
+  const topK = number("set-top_k");
+  if (topK) body.top_k = topK;
+  const tools = $("set-tools").value.trim();
+  if (tools) body.tools = JSON.parse(tools);  // a SyntaxError is shown under the settings
+  for (const key of Object.keys(body)) if (body[key] === null) delete body[key];
+  return body;
+}
+
+function bubble(role, text = "") {
+  const div = document.createElement("div");
+  div.className = `msg ${role}`;
+  div.textContent = text;
+  $("messages").append(div);
+  div.scrollIntoView({ block: "end" });
+  return div;
+}
+
+// One assistant message being streamed: folded reasoning, text, tool calls, usage.
+class AssistantView {
+  constructor() {
+    this.root = bubble("assistant");
+    this.reasoning = null;
+    this.text = document.createElement("span");
+    this.text.className = "content";
+    this.root.append(this.text);
+    this.calls = new Map();
+  }
+  addReasoning(text) {
+    if (!this.reasoning) {
+      const details = document.createElement("details");
+      details.innerHTML = "<summary>reasoning</summary>";
+      this.reasoning = document.createElement("div");
+      details.append(this.reasoning);
+      this.root.prepend(details);
+    }
+    this.reasoning.textContent += text;
+  }
+  addText(text) { this.text.textContent += text; }
+  addToolCall(delta) {
+    let call = this.calls.get(delta.index);
+    if (!call) {
+      const div = document.createElement("div");
+      div.className = "tool-call";
+      call = { div, id: delta.id, name: "", args: "" };
+      this.calls.set(delta.index, call);
+      this.root.append(div);
+    }
+    if (delta.function?.name) call.name += delta.function.name;
+    if (delta.function?.arguments) call.args += delta.function.arguments;
+    call.div.textContent = `tool call ${call.name}(${call.args})`;
+  }
+  setUsage(usage, ttftMs, tokPerS, finish) {
+    const div = document.createElement("div");
+    div.className = "usage";
+    const cached = usage.prompt_tokens_details?.cached_tokens ?? 0;
+    div.textContent = `prompt ${usage.prompt_tokens} · cached ${cached} · generated ${usage.completion_tokens}`
+      + ` · TTFT ${ttftMs.toFixed(0)} ms · ${tokPerS.toFixed(1)} tok/s · ${finish}`;
+    div.dataset.cached = cached;
+    this.root.append(div);
+  }
+  fail(message) {
+    this.root.classList.add("error");
+    this.text.textContent += `\n[${message}]`;
+  }
+}
+
+// Reads an SSE body and calls onData with each `data:` payload (comments are keepalives).
+async function readEvents(response, onData) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = frame.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      if (data && data !== "[DONE]") onData(JSON.parse(data));
+    }
+  }
+}
+
+async function send(text) {
+  let options;
+  try {
+    options = settings();
+    $("settings-error").textContent = "";
+  } catch (error) {
+    $("settings-error").textContent = `tools: ${error.message}`;
+    return;
+  }
+  bubble("user", text);
+  history.push({ role: "user", content: text });
+  const system = $("set-system").value.trim();
+  const messages = system ? [{ role: "system", content: system }, ...history] : [...history];
+  const view = new AssistantView();
+  controller = new AbortController();
+  setBusy(true);
+  const started = performance.now();
+  let firstAt = null, lastAt = null, usage = null, finish = "", content = "", reasoning = "";
+  const toolCalls = [];
+  try {
+    const response = await apiFetch("/v1/chat/completions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "x-request-id": `console-${Date.now()}-${++numSent}` },
+      body: JSON.stringify({
+        model: window.kvserveModel || "kvserve", messages, stream: true,
+        stream_options: { include_usage: true }, ...options,
+      }),
+      signal: controller.signal,
+    });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({}));
+      throw new Error(body.error?.message || `HTTP ${response.status}`);
+    }
+    await readEvents(response, (chunk) => {
+      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.usage) usage = chunk.usage;
+      for (const choice of chunk.choices || []) {
+        const delta = choice.delta || {};
+        const hasToken = delta.content || delta.reasoning_content || delta.tool_calls;
+        if (hasToken) { firstAt ??= performance.now(); lastAt = performance.now(); }
+        if (delta.reasoning_content) { reasoning += delta.reasoning_content; view.addReasoning(delta.reasoning_content); }
+        if (delta.content) { content += delta.content; view.addText(delta.content); }
+        for (const call of delta.tool_calls || []) {
+          view.addToolCall(call);
+          toolCalls[call.index] ??= { id: call.id, type: "function", function: { name: "", arguments: "" } };
+          if (call.function?.name) toolCalls[call.index].function.name += call.function.name;
+          if (call.function?.arguments) toolCalls[call.index].function.arguments += call.function.arguments;
+        }
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+      view.root.scrollIntoView({ block: "end" });
+    });
+    const message = { role: "assistant", content };
+    if (reasoning) message.reasoning_content = reasoning;
+    if (toolCalls.length) message.tool_calls = toolCalls.filter(Boolean);
+    history.push(message);
+    if (usage) {
+      const ttft = (firstAt ?? performance.now()) - started;
+      const decodeS = firstAt && lastAt > firstAt ? (lastAt - firstAt) / 1000 : 0;
+      const tokPerS = decodeS > 0 ? (usage.completion_tokens - 1) / decodeS : 0;
+      view.setUsage(usage, ttft, tokPerS, finish);
+    }
+  } catch (error) {
+    history.pop();  // the turn did not happen: the next send starts from the same history
+    view.fail(error.name === "AbortError" ? "stopped" : error.message);
+  } finally {
+    controller = null;
+    setBusy(false);
+  }
+}
+
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("stop").disabled = !busy;
+}
+
+export function initChat() {
+  $("chat-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = $("chat-input").value.trim();
+    if (!text || controller) return;
+    $("chat-input").value = "";
+    send(text);
+  });
+  $("chat-input").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) {
+      event.preventDefault();
+      $("chat-form").requestSubmit();
+    }
+  });
+  $("stop").addEventListener("click", () => controller?.abort());
+  $("clear").addEventListener("click", () => {
+    controller?.abort();
+    history.length = 0;
+    $("messages").replaceChildren();
+  });
+}
