@@ -76,6 +76,20 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="render tool calls replayed in history canonically from their JSON, not as the exact text "
         "the model sampled (turn N+1 then misses the KV cache from the first such call on)",
     )
+    g.add_argument(
+        "--max-tokens-limit",
+        type=_positive_int,
+        default=None,
+        help="cap every request's output tokens at N, whatever it asks for (like llama-server's "
+        "--n-predict); a capped answer ends as the API's length stop (default: no cap, the context left)",
+    )
+    g.add_argument(
+        "--default-temperature",
+        type=_non_negative_float,
+        default=None,
+        help="sampling temperature of requests that send none (Claude Code and Codex never do; "
+        "default 1.0, the APIs' own default; 0 = greedy)",
+    )
     add_engine_args(p)
     add_kv_store_args(p)
 
@@ -149,6 +163,8 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
         vocab_size=core.loaded.arch.vocab_size,
         reasoning_syntax=syntax.reasoning,
         prompt_prefix=core.disk_tier.text_prefix if core.disk_tier is not None else None,
+        max_tokens_limit=args.max_tokens_limit,
+        default_temperature=args.default_temperature,
     )
     if core.disk_tier is not None:
         tokenize = functools.partial(service.tokenize, add_special_tokens=False)
@@ -192,6 +208,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 

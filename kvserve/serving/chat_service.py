@@ -109,14 +109,21 @@ class ChatService:
         reasoning_syntax: ReasoningSyntax | None = None,
         prompt_prefix: PromptPrefixLookup | None = None,
         recorder: RequestRecorder | None = None,
+        max_tokens_limit: int | None = None,
+        default_temperature: float | None = None,
     ):
         """`tool_memory` None turns exact tool replay off (--disable-exact-tool-replay); `live_sequences`
         None turns live tool continuation off. `tool_syntax` and `reasoning_syntax` are what the
         segmenter parses (forced outputs follow them); `vocab_size` is the width of the model's logits
-        (default: the tokenizer's size)."""
+        (default: the tokenizer's size). `max_tokens_limit` caps every request's output tokens, whatever
+        it asks for (--max-tokens-limit: clients such as Codex send no output limit at all);
+        `default_temperature` is the temperature of requests that send none (--default-temperature:
+        Claude Code and Codex never do, and 1.0 is too hot for a small model)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.max_tokens_limit = max_tokens_limit
+        self.default_temperature = default_temperature
         self.model_name = model_name
         self.keepalive_s = keepalive_s
         self.supports_images = supports_images
@@ -234,6 +241,8 @@ class ChatService:
         if len(token_ids) >= self.max_model_len:
             raise ContextLengthExceededError(len(token_ids), self.max_model_len, param)
         room = self.max_model_len - len(token_ids)
+        if self.max_tokens_limit is not None:
+            room = min(room, self.max_tokens_limit)
         max_tokens = room if options.max_tokens is None else min(max(options.max_tokens, 0), room)
         params = self._sampling_params(options, max(max_tokens, 1))  # checked even if nothing runs
         # A fresh suffix keeps engine ids unique even when a client reuses its x-request-id.
@@ -247,7 +256,7 @@ class ChatService:
         s = options.sampling
         self._check_sampling(s)
         fields = {
-            "temperature": s.temperature,
+            "temperature": self.default_temperature if s.temperature is None else s.temperature,
             "top_p": s.top_p,
             "top_k": s.top_k,
             "min_p": s.min_p,

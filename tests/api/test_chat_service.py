@@ -142,3 +142,27 @@ async def test_segmenter_factory_is_the_parsing_seam() -> None:
     assert events[-1] == Finished("tool_calls")
     raw = [e async for e in service.generate(service.prepare_text(TextRequest("p")))]
     assert raw[-1] == Finished("stop") and any(isinstance(e, TextDelta) for e in raw)
+
+
+async def test_max_tokens_limit_caps_requests_with_and_without_a_limit() -> None:
+    engine = FakeEngine(reply("abcdef"))
+    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", max_tokens_limit=4)
+    for asked in (None, 100):
+        events = await _events(service, _chat(max_tokens=asked))
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "abcd"
+        assert events[-1] == Finished("length")
+    events = await _events(service, _chat(max_tokens=2))  # a smaller request limit still wins
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "ab"
+    assert [params.max_tokens for _, params in engine.requests] == [4, 4, 2]
+
+
+async def test_default_temperature_applies_only_to_requests_that_send_none() -> None:
+    from kvserve.chat.conversation import SamplingOptions
+
+    engine = FakeEngine(reply("ok"))
+    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", default_temperature=0.0)
+    await _events(service, _chat())
+    await _events(service, _chat(sampling=SamplingOptions(temperature=0.7)))
+    assert [params.temperature for _, params in engine.requests] == [0.0, 0.7]
+    await _events(_service(engine), _chat())  # without the flag: the APIs' own default
+    assert engine.requests[-1][1].temperature == 1.0

@@ -224,3 +224,12 @@ async def test_codex_first_request_is_answered() -> None:
     assert frames[-1][1]["response"]["output"][0]["content"][0]["text"] == "Hello from kvserve, friend."
     prompt = h.service.detokenize(h.engine.requests[0][0])
     assert "Say hello in five words." in prompt
+
+
+async def test_server_max_tokens_limit_ends_an_unbounded_response_as_incomplete() -> None:
+    # Codex sends no max_output_tokens: --max-tokens-limit is the only bound on its answers.
+    h = make_harness(FakeEngine(reply("Hello there!")), service_options={"max_tokens_limit": 3})
+    response = await h.openai.responses.create(model=MODEL, input="Hi")
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 3
+    await h.http.aclose()

@@ -22,3 +22,19 @@ def test_max_body_mb_must_be_a_positive_integer(value: str, capsys: pytest.Captu
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--max-body-mb", value])
     assert exit_info.value.code == 2 and "--max-body-mb" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "many"])
+def test_max_tokens_limit_must_be_a_positive_integer(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--max-tokens-limit", value])
+    assert exit_info.value.code == 2 and "--max-tokens-limit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-0.5", "inf", "nan", "warm"])
+def test_default_temperature_must_be_a_finite_non_negative_number(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--default-temperature", value])
+    assert exit_info.value.code == 2 and "--default-temperature" in capsys.readouterr().err
