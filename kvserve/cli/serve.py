@@ -182,7 +182,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
         settings,
         response_store=store,
         engine_stats=lambda: _engine_stats(core),
-        cache_view=lambda: console_sources.cache_view(core),
+        cache_view=console_sources.cache_source(core),
         checkpoint_tokens=lambda checkpoint_id: console_sources.checkpoint_tokens(core, checkpoint_id),
     )
     app.state.closers = []

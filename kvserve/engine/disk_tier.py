@@ -169,7 +169,9 @@ class DiskTier:
     ) -> None:
         n = request.num_prompt_tokens
         if self.on_source is not None:
-            checkpoint_id = run.checkpoint_ids[0] if n_disk and run is not None and run.checkpoint_ids else None
+            checkpoint_id = (
+                run.checkpoint_ids[0] if n_disk and run is not None and run.checkpoint_ids else None
+            )
             self.on_source(request.request_id, n_ram, n_disk, checkpoint_id)
         if n_disk:
             logger.info(

@@ -9,37 +9,22 @@ module; short generations. Skips without Chromium or Playwright.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from tests.browser import browser_page, require_browser
 from tests.serve_process import in_process_server
 
 pytestmark = pytest.mark.model
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install -e .[test])"
-)
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run does)", allow_module_level=True)
+sync_api = require_browser()
 
 KEY = "console-test-key"
 # Long enough that the shared prefix spans whole KV blocks (16 tokens) many times over.
 SYSTEM = "You are a helpful assistant. Answer in one short sentence. " * 6
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +37,7 @@ def server() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def page(server: str) -> Iterator[sync_api.Page]:
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
-        context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 900},
-        )  # fmt: skip
-        page = context.new_page()
+    with browser_page(sync_api) as page:
         page.goto(f"{server}/#chat")
         # The page itself loads without the key; its first API call (401) asks for it.
         page.locator("#key-dialog").wait_for(state="visible")
@@ -65,7 +45,6 @@ def page(server: str) -> Iterator[sync_api.Page]:
         page.click("#key-save")
         sync_api.expect(page.locator("#model-name")).to_contain_text("ctx 2048")
         yield page
-        context.close()
 
 
 def shoot(page: sync_api.Page, name: str) -> None:

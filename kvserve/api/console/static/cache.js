@@ -2,9 +2,13 @@
 // Recent requests arrive incrementally (`after` = the last seq seen) and are prepended, never re-rendered.
 import { apiJson } from "./api.js";
 
-const REQUESTS_MS = 1000, CACHE_MS = 2000, CHECKPOINTS_MS = 5000, MAX_RECENT_ROWS = 200;
-let visible = false, lastSeq = 0, sort = "score", order = "asc";
+// At 100 requests/s nobody reads every row: each poll fetches (and renders) the newest 50 at most.
+const REQUESTS_MS = 1000, CACHE_MS = 2000, CHECKPOINTS_MS = 5000, MAX_RECENT_ROWS = 100, MAX_NEW_ROWS = 50;
+const CHECKPOINT_ROWS = 100;  // the first 100 in the chosen order; the API pages through the rest
+let visible = false, lastSeq = 0, sort = "score", order = "asc", checkpointsShown = "";
 const timers = [];
+// Each poll's duration (fetch + render), the last 200 per kind: read by scripts/console_load.py.
+const stats = (window.kvserveConsoleStats = { requests: [], cache: [], checkpoints: [] });
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs = {}, ...children) {
@@ -49,7 +53,7 @@ function inflightRow(r) {
   const progress = el("div", {}, bar([["cachedpart", cachedFrac], ["done", Math.max(0, doneFrac)]]),
     el("span", { class: "muted" }, `${num(r.num_computed_tokens)}/${num(r.num_prompt_tokens)} (${num(r.num_cached_tokens)} cached)`));
   return el("tr", { "data-id": r.request_id },
-    el("td", { class: "mono", title: r.request_id }, short(r.request_id)), el("td", {}, r.phase), el("td", {}, badge(r.source)),
+    el("td", { class: "mono", title: r.request_id }, short(r.request_id)), el("td", {}, r.phase), el("td", {}, r.phase === "queued" ? "–" : badge(r.source)),
     el("td", {}, progress), el("td", { class: "num" }, num(r.num_output_tokens)), el("td", { class: "num" }, `${r.elapsed_s.toFixed(1)}s`));
 }
 
@@ -64,8 +68,8 @@ function divergenceCell(r) {
   return el("td", { class: "divergence" }, text);
 }
 
-function recentRow(r) {
-  return el("tr", { class: "fresh", "data-id": r.request_id, "data-source": r.source },
+function recentRow(r, fresh) {
+  return el("tr", { class: fresh ? "fresh" : "", "data-id": r.request_id, "data-source": r.source },
     el("td", { class: "num" }, r.seq), el("td", { class: "mono", title: r.request_id }, short(r.request_id)),
     el("td", {}, badge(r.source), r.checkpoint_id ? el("div", { class: "mono muted" }, r.checkpoint_id.slice(0, 12)) : ""),
     el("td", { class: "num" }, num(r.num_prompt_tokens)),
@@ -76,12 +80,13 @@ function recentRow(r) {
 }
 
 async function pollRequests() {
-  const data = await apiJson(`/kvserve/v1/requests?after=${lastSeq}&limit=${MAX_RECENT_ROWS}`);
+  const data = await apiJson(`/kvserve/v1/requests?after=${lastSeq}&limit=${MAX_NEW_ROWS}`);
   $("inflight").tBodies[0].replaceChildren(...data.in_flight.map(inflightRow));
   $("inflight-count").textContent = `(${data.in_flight.length})`;
   const body = $("recent").tBodies[0];
   if (data.recent.length) {
-    const rows = data.recent.map(recentRow).reverse();  // newest first
+    const fresh = data.recent.length < 10;  // flash new rows only when the eye can follow them
+    const rows = data.recent.map((r) => recentRow(r, fresh)).reverse();  // newest first
     body.prepend(...rows);
     while (body.rows.length > MAX_RECENT_ROWS) body.lastElementChild.remove();
   }
@@ -145,12 +150,16 @@ async function pollCache() {
 async function pollCheckpoints() {
   let data;
   try {
-    data = await apiJson(`/kvserve/v1/cache/checkpoints?sort=${sort}&order=${order}&limit=200`);
+    data = await apiJson(`/kvserve/v1/cache/checkpoints?sort=${sort}&order=${order}&limit=${CHECKPOINT_ROWS}`);
   } catch (error) {
     $("ckpt-count").textContent = `(${error.message})`;
     $("checkpoints").tBodies[0].replaceChildren();
     return;
   }
+  // Rebuild the table only when what it shows changed (most polls: nothing did).
+  const shown = JSON.stringify([sort, order, data.total, data.checkpoints.map((c) => [c.checkpoint_id, c.hits, c.last_used, c.score.toPrecision(3)])]);
+  if (shown === checkpointsShown) return;
+  checkpointsShown = shown;
   const now = Date.now() / 1000;
   $("checkpoints").tBodies[0].replaceChildren(...data.checkpoints.map((c) => el("tr", {},
     el("td", {}, c.reason), el("td", { class: "mono", title: c.checkpoint_id }, c.checkpoint_id.slice(0, 12)),
@@ -168,12 +177,17 @@ async function pollCheckpoints() {
 
 // -- polling -------------------------------------------------------------------------------
 
-function every(ms, poll) {
+function every(ms, poll, kind) {
   let running = false;
   const tick = async () => {
     if (!visible || running) return;
     running = true;
-    try { await poll(); } catch (error) { console.warn(error); } finally { running = false; }
+    const started = performance.now();
+    try {
+      await poll();
+      stats[kind].push(performance.now() - started);
+      if (stats[kind].length > 200) stats[kind].shift();
+    } catch (error) { console.warn(error); } finally { running = false; }
   };
   timers.push(tick);
   setInterval(tick, ms);
@@ -187,9 +201,9 @@ export function setCacheVisible(isVisible) {
 }
 
 export function initCache() {
-  every(REQUESTS_MS, pollRequests);
-  every(CACHE_MS, pollCache);
-  const checkpoints = every(CHECKPOINTS_MS, pollCheckpoints);
+  every(REQUESTS_MS, pollRequests, "requests");
+  every(CACHE_MS, pollCache, "cache");
+  const checkpoints = every(CHECKPOINTS_MS, pollCheckpoints, "checkpoints");
   for (const th of document.querySelectorAll("#checkpoints th[data-sort]")) {
     th.addEventListener("click", () => {
       order = th.dataset.sort === sort && order === "asc" ? "desc" : "asc";
