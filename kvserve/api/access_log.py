@@ -16,6 +16,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("kvserve.access")
 _SANE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# The web console polls these every second or two: their successes are logged at DEBUG, not INFO.
+_QUIET_PREFIXES = ("/kvserve/v1/", "/console/")
 
 
 def request_id_of(scope: Scope) -> str | None:
@@ -49,7 +51,9 @@ class AccessLogMiddleware:
             metrics = getattr(getattr(scope.get("app"), "state", None), "metrics", None)
             if metrics is not None:
                 metrics.count_request(scope["path"], status)
-            logger.info(
+            is_quiet = status < 400 and scope["path"].startswith(_QUIET_PREFIXES)
+            logger.log(
+                logging.DEBUG if is_quiet else logging.INFO,
                 "request_id=%s method=%s path=%s status=%d duration_ms=%.1f client=%s",
                 request_id,
                 scope["method"],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 
 import pytest
 
@@ -200,3 +202,22 @@ def _with_cache_view(h: Harness):
 
     state = h.http._transport.app.state.console  # type: ignore[attr-defined]
     return replace(state, cache_view=cache_view)
+
+
+async def test_console_polls_are_logged_at_debug_unless_they_fail(
+    console: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="kvserve.access"):
+        await console.http.get("/kvserve/v1/requests")
+        await console.http.get("/kvserve/v1/requests?limit=0")
+        await console.http.get("/v1/models")
+    levels = {
+        " ".join(re.search(r"path=(\S+) status=(\d+)", r.getMessage()).groups()): r.levelno  # type: ignore[union-attr]
+        for r in caplog.records
+        if r.name == "kvserve.access"
+    }
+    assert levels == {
+        "/kvserve/v1/requests 200": logging.DEBUG,
+        "/kvserve/v1/requests 400": logging.INFO,
+        "/v1/models 200": logging.INFO,
+    }
