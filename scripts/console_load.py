@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import shutil
@@ -44,6 +45,7 @@ from kvserve.serving.engine_protocol import EngineOutput
 from kvserve.serving.generation_run import GenerationRun
 from kvserve.serving.prefill_progress import PrefillTracker
 from kvserve.serving.prompt_divergence import common_prefix_len
+from kvserve.serving.request_recorder import RequestRecorder
 from tests.api.fake_engine import EOS_ID, FakeTokenizerInfo, reply
 
 IDENTITY = StoreIdentity(
@@ -98,6 +100,29 @@ class ScriptedEngine:
             reason = (FinishReason.STOP if token_id in (EOS_ID,) else FinishReason.LENGTH) if last else None
             yield EngineOutput(request_id, (token_id,), finish_reason=reason, num_prompt_tokens=n,
                                num_cached_tokens=cached)  # fmt: skip
+
+
+def time_recorder(num_requests: int = 2000) -> dict[str, float]:
+    """What recording costs a request on the event loop (start + end; nothing runs per token), by
+    prompt length: end() keeps the prompt as an int32 array, a copy of its tokens."""
+    recorder = RequestRecorder()
+    result = {}
+    for num_tokens in (1_000, 32_000):
+        prompt = list(range(num_tokens))
+        count = num_requests if num_tokens < 10_000 else num_requests // 10
+        runs = []
+        for i in range(count):
+            prefill = PrefillTracker(f"r{i}", num_tokens)
+            prefill.finish(num_tokens // 2)
+            run = GenerationRun(None, prefill)  # type: ignore[arg-type]
+            run.num_output_tokens, run._reason = 16, "stop"
+            runs.append(run)
+        started = time.perf_counter()
+        for i, run in enumerate(runs):
+            recorder.start(f"{num_tokens}-{i}", prompt, run)
+            recorder.end(f"{num_tokens}-{i}")
+        result[f"{num_tokens}_token_prompt_us"] = round((time.perf_counter() - started) / count * 1e6, 1)
+    return result
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -282,9 +307,17 @@ def main() -> None:
         default="recorder",
         help="recorder: start/end straight into the recorder; pipeline: ChatService over a scripted engine",
     )
+    parser.add_argument(
+        "--recorder-only", action="store_true", help="only time the recorder's per-request cost (seconds)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--screenshot", type=Path, default=None)
     args = parser.parse_args()
+    logging.disable(logging.INFO)  # the prefill tracker logs each request at INFO
+    recorder_cost = time_recorder()
+    if args.recorder_only:
+        print(json.dumps({"recorder_cost_per_request": recorder_cost, "load_average_1m": os.getloadavg()[0]}))
+        return
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     with tempfile.TemporaryDirectory(prefix="kvserve-console-load-") as directory:
         started = time.perf_counter()
@@ -315,6 +348,7 @@ def main() -> None:
         "target_rate": args.rate,
         "achieved_rate": round(traffic.num_done / elapsed, 1),
         "request_latency_ms": percentiles(traffic.latencies_ms),
+        "recorder_cost_per_request": recorder_cost,
         "load_average_1m_at_end": round(os.getloadavg()[0], 1),
         "cpu_count": os.cpu_count(),
         "api_ms": api,
