@@ -27,10 +27,14 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 @pytest.fixture(scope="module")
-def page() -> Iterator[Any]:
+def service() -> ChatService:
     engine = FakeEngine(reply(OUTPUT), token_delay_s=0.002)
     syntax = OutputSyntax("hermes", REASONING["think"])
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake-model", segmenter_factory=syntax.segmenter)
+    return ChatService(engine, FakeTokenizerInfo(), 4096, "fake-model", segmenter_factory=syntax.segmenter)
+
+
+@pytest.fixture(scope="module")
+def page(service: ChatService) -> Iterator[Any]:
     app = create_app(service, ApiSettings(served_model_name="fake-model"))
     with serve_in_thread(app) as (url, _), browser_page(sync_api) as page:
         page.goto(f"{url}/#chat")
@@ -51,6 +55,18 @@ def test_reasoning_is_folded_and_tool_calls_rendered(page: Any) -> None:
     assert message.locator(".content").inner_text().strip() == "Let me check."
     assert message.locator(".tool-call").inner_text() == 'tool call get_weather({"city":"Paris"})'
     assert "tool_calls" in message.locator(".usage").inner_text()
+
+
+def test_a_tool_call_is_answered_with_a_tool_message(page: Any, service: ChatService) -> None:
+    """Follows the test above: the next send is the call's result, and the model goes on."""
+    assert "get_weather" in page.locator("#chat-input").get_attribute("placeholder")
+    page.fill("#chat-input", "18 degrees and sunny")
+    page.click("#send")
+    sync_api.expect(page.locator(".msg.tool")).to_have_text("get_weather → 18 degrees and sunny")
+    sync_api.expect(page.locator(".msg.assistant").nth(1).locator(".usage")).to_be_visible()
+    prompt_ids, _ = service.engine.requests[-1]  # type: ignore[attr-defined]
+    prompt = service.detokenize(prompt_ids)
+    assert "18 degrees and sunny" in prompt and prompt.index("get_weather") < prompt.index("18 degrees")
 
 
 def test_bad_tools_json_is_reported_and_not_sent(page: Any) -> None:

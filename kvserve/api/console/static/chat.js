@@ -2,6 +2,7 @@
 import { apiFetch } from "./api.js";
 
 const history = [];  // OpenAI messages of the conversation so far
+const pendingCalls = [];  // tool calls of the last answer that still need a result (the next sends)
 let controller = null;
 let numSent = 0;
 
@@ -111,8 +112,16 @@ async function send(text) {
     $("settings-error").textContent = `tools: ${error.message}`;
     return;
   }
-  bubble("user", text);
-  history.push({ role: "user", content: text });
+  const call = pendingCalls.shift();
+  if (call) {
+    bubble("tool", `${call.function.name} → ${text}`);
+    history.push({ role: "tool", tool_call_id: call.id, content: text });
+  } else {
+    bubble("user", text);
+    history.push({ role: "user", content: text });
+  }
+  updatePlaceholder();
+  if (pendingCalls.length) return;  // every call of the turn needs its result before the model goes on
   const system = $("set-system").value.trim();
   const messages = system ? [{ role: "system", content: system }, ...history] : [...history];
   const view = new AssistantView();
@@ -158,6 +167,7 @@ async function send(text) {
     if (reasoning) message.reasoning_content = reasoning;
     if (toolCalls.length) message.tool_calls = toolCalls.filter(Boolean);
     history.push(message);
+    pendingCalls.push(...(message.tool_calls || []));
     if (usage) {
       const ttft = (firstAt ?? performance.now()) - started;
       const decodeS = firstAt && lastAt > firstAt ? (lastAt - firstAt) / 1000 : 0;
@@ -170,7 +180,15 @@ async function send(text) {
   } finally {
     controller = null;
     setBusy(false);
+    updatePlaceholder();
   }
+}
+
+function updatePlaceholder() {
+  const call = pendingCalls[0];
+  $("chat-input").placeholder = call
+    ? `Result of tool call ${call.function.name}(${call.function.arguments}) (sent as a tool message)`
+    : "Message (Enter sends, Shift+Enter: new line)";
 }
 
 function setBusy(busy) {
@@ -196,6 +214,8 @@ export function initChat() {
   $("clear").addEventListener("click", () => {
     controller?.abort();
     history.length = 0;
+    pendingCalls.length = 0;
+    updatePlaceholder();
     $("messages").replaceChildren();
   });
 }
