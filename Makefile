@@ -21,6 +21,17 @@ LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=$(call cpu_has,avx) -DGGML_AVX2
 # A folder of llama-cpp-python wheels built for this CPU (e.g. LLAMA_WHEELS=/work/wheels) skips the
 # 10-minute source build; pip falls back to building from source when no wheel there matches.
 LLAMA_WHEELS ?=
+# The C++ llama-server peer, built from the llama.cpp tree vendored in the same llama-cpp-python sdist
+# (the only network access is pip's). The build folder is keyed by version and flags, so a changed flag
+# set builds afresh and an unchanged one never rebuilds; $(VENV)/bin/llama-server links to it, which is
+# where `kvserve bench` looks. Static, without the web UI (its prebuilt assets come from the network) and
+# without OpenSSL (the benchmarks speak plain HTTP on loopback).
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_SERVER_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+LLAMA_SERVER_KEY := $(LLAMA_CPP_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)' | sha1sum | cut -c1-12)
+LLAMA_SERVER_DIR := $(VENV)/llama-server/$(LLAMA_SERVER_KEY)
+LLAMA_SERVER_JOBS ?= 2
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2
@@ -28,7 +39,7 @@ MODEL ?= smollm2
 # at start-up). CTX=0 runs the model at its own context.
 CTX ?= 32768
 
-.PHONY: setup serve test test-fast bench bench-peer clean
+.PHONY: setup serve test test-fast bench bench-peer llama-server clean
 
 setup: $(STAMP)
 
@@ -56,7 +67,25 @@ $(VENV)/.llama-cpp-stamp: $(STAMP)
 		'llama-cpp-python[server]==0.3.36'
 	touch $@
 
-bench-peer: $(VENV)/.llama-cpp-stamp
+# Order-only on setup: the server build needs only pip and a compiler, not a re-install of kvserve.
+# The sources and objects (~1 GB) are removed once the static binary is in place.
+$(LLAMA_SERVER_DIR)/bin/llama-server: | $(STAMP)
+	@echo "llama-server build flags: $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)"
+	rm -rf $(LLAMA_SERVER_DIR) && mkdir -p $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/bin
+	$(PIP) download -q --no-binary :all: --no-deps -d $(LLAMA_SERVER_DIR)/src 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
+	tar -xzf $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_SERVER_DIR)/src
+	cmake -S $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp \
+		-B $(LLAMA_SERVER_DIR)/build $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)
+	nice -n 10 cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j $(LLAMA_SERVER_JOBS)
+	cp $(LLAMA_SERVER_DIR)/build/bin/llama-server $(LLAMA_SERVER_DIR)/bin.tmp && mv $(LLAMA_SERVER_DIR)/bin.tmp $@
+	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
+
+$(VENV)/bin/llama-server: $(LLAMA_SERVER_DIR)/bin/llama-server
+	ln -sfn ../llama-server/$(LLAMA_SERVER_KEY)/bin/llama-server $@
+
+llama-server: $(VENV)/bin/llama-server
+
+bench-peer: $(VENV)/.llama-cpp-stamp $(VENV)/bin/llama-server
 
 bench: bench-peer
 	$(VENV)/bin/kvserve bench engine --model $(MODEL) --dtype bfloat16 --json docs/benchmarks/engine-cpu-bf16.json

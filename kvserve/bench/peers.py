@@ -1,4 +1,4 @@
-"""Start and stop the servers a comparison runs against: kvserve and llama-cpp-python's llama-server.
+"""Start and stop the servers a comparison runs against: kvserve and the llama.cpp peers.
 
 Each server is a child process on a free loopback port, logging to a file; `start()` returns once
 `GET /v1/models` answers 200 (or raises with the log's tail when the process dies or hangs), `stop()`
@@ -22,10 +22,13 @@ from typing import Self
 
 import httpx
 
+from kvserve.bench.llama_server import llama_cpp_python_command, llama_server_command
+
 
 class ServerKind(enum.Enum):
     KVSERVE = "kvserve"
-    LLAMA_SERVER = "llama-server"
+    LLAMA_SERVER = "llama-server"  # llama.cpp's C++ server: --parallel slots, continuous batching
+    LLAMA_CPP_PYTHON = "llama-cpp-python"  # `python -m llama_cpp.server`: one sequence at a time
 
 
 class ServerStartError(RuntimeError):
@@ -36,13 +39,13 @@ class ServerStartError(RuntimeError):
 class ServerSpec:
     label: str  # the name in tables, CSV rows and plots
     kind: ServerKind
-    model: str  # kvserve: alias/path as given; llama-server: the GGUF path
-    ctx: int
+    model: str  # kvserve: alias/path as given; the llama.cpp peers: the GGUF path
+    ctx: int  # per sequence (0 = the model's; resolved for llama-server, which splits it per slot)
     threads: int = os.cpu_count() or 1
-    parallel: int | None = (
-        None  # concurrent sequences (kvserve --max-num-seqs; llama --n_parallel when it has it)
-    )
+    parallel: int | None = None  # concurrent sequences (kvserve --max-num-seqs, llama-server --parallel)
     extra_args: tuple[str, ...] = field(default=())
+    executable: str = "llama-server"  # LLAMA_SERVER: the binary
+    has_chat_template: bool = False  # LLAMA_SERVER: the GGUF carries one (--jinja)
 
     def command(self, port: int) -> list[str]:
         if self.kind is ServerKind.KVSERVE:
@@ -50,15 +53,20 @@ class ServerSpec:
             cmd += ["--host", "127.0.0.1", "--port", str(port)]
             if self.parallel:
                 cmd += ["--max-num-seqs", str(self.parallel)]
-            return cmd + list(self.extra_args)
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", self.model, "--n_ctx", str(self.ctx)]
-        cmd += ["--host", "127.0.0.1", "--port", str(port)]
-        cmd += ["--n_threads", str(self.threads), "--n_threads_batch", str(self.threads)]
-        # By default a new request interrupts the stream in progress: that would cut every concurrent
-        # stream short; with it off, requests queue behind one another (one sequence at a time).
-        cmd += ["--interrupt_requests", "False"]
-        if self.parallel and llama_server_has_option("n_parallel"):
-            cmd += ["--n_parallel", str(self.parallel)]
+        elif self.kind is ServerKind.LLAMA_SERVER:
+            cmd = llama_server_command(
+                self.executable,
+                self.model,
+                port,
+                ctx_per_slot=self.ctx,
+                num_slots=self.parallel or 1,
+                threads=self.threads,
+                jinja=self.has_chat_template,
+            )
+        else:
+            cmd = llama_cpp_python_command(
+                self.model, port, ctx=self.ctx, threads=self.threads, parallel=self.parallel
+            )
         return cmd + list(self.extra_args)
 
     def env(self) -> dict[str, str]:
@@ -68,33 +76,13 @@ class ServerSpec:
         return env
 
 
-def llama_server_available() -> str | None:
-    """None when llama-cpp-python's server can be imported, else why not."""
-    probe = subprocess.run(
-        [sys.executable, "-c", "import llama_cpp.server.app"], capture_output=True, text=True, check=False
-    )
-    if probe.returncode == 0:
-        return None
-    lines = probe.stderr.strip().splitlines()
-    return lines[-1] if lines else "import llama_cpp.server failed"
-
-
-def llama_server_has_option(name: str) -> bool:
-    """Whether this llama-cpp-python's server takes `--name` (0.3.x has no parallel decoding)."""
-    return f"--{name}" in _help_text("llama_cpp.server")
-
-
+@functools.cache
 def kvserve_has_option(name: str) -> bool:
     """Whether this kvserve's `serve` takes `--name` (the disk-tier flags arrive with issue 5)."""
-    return f"--{name}" in _help_text("kvserve", "serve")
-
-
-@functools.cache
-def _help_text(*module_and_args: str) -> str:
     probe = subprocess.run(
-        [sys.executable, "-m", *module_and_args, "--help"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "kvserve", "serve", "--help"], capture_output=True, text=True, check=False
     )
-    return probe.stdout
+    return f"--{name}" in probe.stdout
 
 
 def free_port() -> int:

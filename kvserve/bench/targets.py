@@ -1,7 +1,8 @@
 """What a benchmark runs against: a URL someone else runs, or a server the benchmark launches itself.
 
 Named launch targets: `kvserve`, `kvserve-disk` (the same, but refuses to run without a disk KV
-tier), `kvserve-no-kv-cache` (disk tier off) and `llama-server` (llama-cpp-python on the same GGUF).
+tier), `kvserve-no-kv-cache` (disk tier off), `llama-server` (llama.cpp's C++ server on the same
+GGUF, `--parallel` slots) and `llama-cpp-python` (its Python server, one sequence at a time).
 A kvserve that has the disk tier always gets a fresh `--kv-cache-dir` per run. Extra kvserve flags
 pass through untouched, so targets work whichever flags this kvserve has.
 """
@@ -17,16 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvserve.bench.client import StreamRules
-from kvserve.bench.peers import (
-    ServerKind,
-    ServerProcess,
-    ServerSpec,
-    ServerStartError,
-    kvserve_has_option,
-    llama_server_available,
-)
+from kvserve.bench.llama_server import find_llama_server, llama_cpp_python_available, read_gguf_facts
+from kvserve.bench.peers import ServerKind, ServerProcess, ServerSpec, ServerStartError, kvserve_has_option
 
-TARGET_NAMES = ("kvserve", "kvserve-disk", "kvserve-no-kv-cache", "llama-server")
+TARGET_NAMES = ("kvserve", "kvserve-disk", "kvserve-no-kv-cache", "llama-server", "llama-cpp-python")
+_LLAMA_KINDS = {"llama-server": ServerKind.LLAMA_SERVER, "llama-cpp-python": ServerKind.LLAMA_CPP_PYTHON}
 
 
 @dataclass(frozen=True)
@@ -39,8 +35,8 @@ class Target:
     @property
     def rules(self) -> StreamRules:
         # llama-cpp-python's server sends no usage in streams (see client.StreamRules).
-        is_llama = self.spec is not None and self.spec.kind is ServerKind.LLAMA_SERVER
-        return StreamRules(require_usage=not is_llama)
+        is_python_llama = self.spec is not None and self.spec.kind is ServerKind.LLAMA_CPP_PYTHON
+        return StreamRules(require_usage=not is_python_llama)
 
 
 @dataclass(frozen=True)
@@ -59,8 +55,8 @@ def launch_targets(names: list[str], options: LaunchOptions) -> list[Target]:
     for name in names:
         if name not in TARGET_NAMES:
             raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGET_NAMES)}")
-        if name == "llama-server":
-            targets.append(Target(name, spec=_llama_spec(options)))
+        if name in _LLAMA_KINDS:
+            targets.append(Target(name, spec=_llama_spec(name, options)))
             continue
         extra = tuple(shlex.split(options.kvserve_args))
         if name == "kvserve-no-kv-cache":
@@ -72,28 +68,45 @@ def launch_targets(names: list[str], options: LaunchOptions) -> list[Target]:
     return targets
 
 
-def _llama_spec(options: LaunchOptions) -> ServerSpec:
+def _llama_spec(name: str, options: LaunchOptions) -> ServerSpec:
     from kvserve.models.loader import resolve_model_path
 
     path = resolve_model_path(options.model)
     if path.suffix != ".gguf":
-        raise ValueError(f"llama-server needs a GGUF model, got {path}")
-    extra = tuple(shlex.split(options.llama_args))
-    return ServerSpec(
-        "llama-server",
-        ServerKind.LLAMA_SERVER,
+        raise ValueError(f"{name} needs a GGUF model, got {path}")
+    kind = _LLAMA_KINDS[name]
+    spec = ServerSpec(
+        name,
+        kind,
         str(path),
         options.ctx,
         options.threads,
         options.parallel,
-        extra,
+        tuple(shlex.split(options.llama_args)),
+    )
+    if kind is not ServerKind.LLAMA_SERVER:
+        return spec
+    facts = read_gguf_facts(path)
+    if not (options.ctx or facts.context_length):
+        raise ValueError(f"{path} names no context length: pass --ctx for llama-server")
+    binary = find_llama_server()
+    # llama-server divides --ctx-size among its slots, so the per-sequence context must be known here.
+    return dataclasses.replace(
+        spec,
+        ctx=options.ctx or facts.context_length,
+        executable=str(binary) if binary else "llama-server",
+        has_chat_template=facts.has_chat_template,
     )
 
 
 def unavailable_reason(target: Target) -> str | None:
-    """Why a target cannot run here (llama-cpp-python missing), or None."""
-    if target.spec is not None and target.spec.kind is ServerKind.LLAMA_SERVER:
-        return llama_server_available()
+    """Why a target cannot run here (a llama.cpp peer not installed), or None."""
+    if target.spec is None:
+        return None
+    if target.spec.kind is ServerKind.LLAMA_SERVER and find_llama_server() is None:
+        return "the C++ llama-server is not built (make bench-peer)"
+    if target.spec.kind is ServerKind.LLAMA_CPP_PYTHON:
+        return llama_cpp_python_available()
     return None
 
 

@@ -114,15 +114,23 @@ def _add_target_args(p: argparse.ArgumentParser, default_targets: str, default_o
     g.add_argument(
         "--targets",
         default=default_targets,
-        help="launched servers: kvserve, kvserve-disk, kvserve-no-kv-cache, llama-server",
+        help="launched servers: kvserve, kvserve-disk, kvserve-no-kv-cache, llama-server (C++), "
+        "llama-cpp-python",
     )
     g.add_argument("--ctx", type=int, default=0, help="context length of launched servers (0 = the model's)")
     g.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of each launched server"
     )
-    g.add_argument("--parallel", type=int, default=None, help="concurrent sequences of launched servers")
+    g.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help="concurrent sequences of launched servers (llama-server: slots, default 1; it gets --ctx × N)",
+    )
     g.add_argument("--kvserve-args", default="", help="extra `kvserve serve` flags, one shell-quoted string")
-    g.add_argument("--llama-args", default="", help="extra `python -m llama_cpp.server` flags")
+    g.add_argument(
+        "--llama-args", default="", help="extra flags of the llama.cpp peers (llama-server, llama_cpp.server)"
+    )
     g.add_argument("--out", type=Path, default=default_out, help="write CSV, PNG and JSON here")
     g.add_argument("--name", default=None, help="file name stem of the results (default from the workload)")
     g.add_argument("--log-dir", type=Path, default=None, help="launched servers' logs (default: a temp dir)")

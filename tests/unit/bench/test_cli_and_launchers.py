@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import pathlib
 
+import gguf
 import pytest
 
 from kvserve.bench.peers import ServerKind, ServerSpec
@@ -43,9 +45,14 @@ def test_kvserve_commands_pass_extra_flags_through() -> None:
         launch_targets(["vllm"], options)
 
 
-def test_llama_server_command_queues_instead_of_interrupting() -> None:
+def test_llama_cpp_python_command_queues_instead_of_interrupting() -> None:
     spec = ServerSpec(
-        "llama-server", ServerKind.LLAMA_SERVER, "/m.gguf", 8192, threads=2, extra_args=("--cache", "True")
+        "llama-cpp-python",
+        ServerKind.LLAMA_CPP_PYTHON,
+        "/m.gguf",
+        8192,
+        threads=2,
+        extra_args=("--cache", "True"),
     )
     cmd = spec.command(9000)
     assert cmd[1:3] == ["-m", "llama_cpp.server"]
@@ -53,6 +60,69 @@ def test_llama_server_command_queues_instead_of_interrupting() -> None:
     assert cmd[i + 1] == "False"
     assert cmd[cmd.index("--n_threads") + 1] == "2" and cmd[cmd.index("--n_ctx") + 1] == "8192"
     assert cmd[-2:] == ["--cache", "True"]
+
+
+def _value(cmd: list[str], flag: str) -> str:
+    assert cmd.count(flag) == 1, cmd
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_llama_server_gets_one_context_per_slot_and_kvserves_threads() -> None:
+    options = LaunchOptions("smollm2", 2048, 2, 16, llama_args="--cache-reuse 256")
+    llama, kvserve = launch_targets(["llama-server", "kvserve"], options)
+    cmd = llama.spec.command(9000)
+    assert cmd[0] == llama.spec.executable and _value(cmd, "--model").endswith(".gguf")
+    # llama-server splits --ctx-size across its slots: 16 slots of 2048 each.
+    assert _value(cmd, "--ctx-size") == str(2048 * 16) and _value(cmd, "--parallel") == "16"
+    assert _value(cmd, "--threads") == _value(cmd, "--threads-batch") == "2"
+    assert "--cont-batching" in cmd and _value(cmd, "--port") == "9000"
+    assert "--jinja" in cmd  # SmolLM2's GGUF carries its chat template
+    assert cmd[-2:] == ["--cache-reuse", "256"]
+    assert llama.rules.require_usage  # the C++ server reports usage (and cached tokens) in streams
+    assert _value(kvserve.spec.command(9001), "--ctx") == "2048"
+
+
+def _header_only_gguf(path: pathlib.Path, context_length: int | None) -> pathlib.Path:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    if context_length is not None:
+        writer.add_context_length(context_length)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+def test_llama_server_context_defaults_to_the_models_and_one_slot(tmp_path: pathlib.Path) -> None:
+    [smollm2] = launch_targets(["llama-server"], LaunchOptions("smollm2", 0, 1, None))
+    cmd = smollm2.spec.command(9000)
+    assert _value(cmd, "--ctx-size") == "8192" and _value(cmd, "--parallel") == "1"
+    bare = _header_only_gguf(tmp_path / "bare.gguf", context_length=4096)
+    [llama] = launch_targets(["llama-server"], LaunchOptions(str(bare), 0, 1, 3))
+    bare_cmd = llama.spec.command(9000)
+    assert _value(bare_cmd, "--ctx-size") == str(3 * 4096) and "--jinja" not in bare_cmd  # no template
+    nameless = _header_only_gguf(tmp_path / "nameless.gguf", context_length=None)
+    with pytest.raises(ValueError, match="pass --ctx"):
+        launch_targets(["llama-server"], LaunchOptions(str(nameless), 0, 1, None))
+    [explicit] = launch_targets(["llama-server"], LaunchOptions(str(nameless), 1024, 1, None))
+    assert _value(explicit.spec.command(9000), "--ctx-size") == "1024"
+
+
+def test_llama_server_refuses_a_model_that_is_not_gguf(tmp_path: pathlib.Path) -> None:
+    folder = tmp_path / "hf-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="needs a GGUF"):
+        launch_targets(["llama-server"], LaunchOptions(str(folder), 2048, 1, None))
+
+
+def test_llama_server_is_unavailable_until_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvserve.bench import targets
+
+    [llama] = launch_targets(["llama-server"], LaunchOptions("smollm2", 2048, 1, 4))
+    monkeypatch.setattr(targets, "find_llama_server", lambda: None)
+    assert "make bench-peer" in (targets.unavailable_reason(llama) or "")
+    monkeypatch.setattr(targets, "find_llama_server", lambda: pathlib.Path("/bin/true"))
+    assert targets.unavailable_reason(llama) is None
 
 
 @pytest.mark.parametrize("has_disk_tier", [True, False])
