@@ -37,6 +37,10 @@ class ContextError(ValueError):
 
 
 def plan_context(arch: ModelArchConfig, request: ContextRequest) -> ContextPlan:
+    """The architecture (with its final RoPE scaling) and context to run `arch` at, for `request`.
+
+    Raises ContextError for what cannot be run: `--rope-scaling none` with a --ctx past the trained
+    context, a --ctx past a linear/llama3 model's context without an explicit method, bad values."""
     _validate(request)
     explicit = request.rope_scaling is not None or request.rope_scale or request.yarn_orig_ctx
     if not explicit:
