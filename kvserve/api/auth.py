@@ -14,6 +14,7 @@ from kvserve.api.console.routes import STATIC_PREFIX
 from kvserve.api.errors import anthropic_error_body, is_anthropic_path, openai_error_body
 
 _OPEN_PATHS = {"/health"}
+_PROBE_PATHS = {"/api/hello"}  # Claude Code's preconnect, sent without a key
 
 
 class ApiKeyMiddleware:
@@ -48,7 +49,8 @@ class ApiKeyMiddleware:
     def _is_open(scope: Scope) -> bool:
         path = scope["path"]
         is_page = scope["method"] in ("GET", "HEAD") and (path == "/" or path.startswith(STATIC_PREFIX + "/"))
-        return path in _OPEN_PATHS or is_page or scope["method"] == "OPTIONS"
+        is_probe = scope["method"] == "HEAD" and path in _PROBE_PATHS
+        return path in _OPEN_PATHS or is_page or is_probe or scope["method"] == "OPTIONS"
 
     def _has_key(self, scope: Scope) -> bool:
         headers = dict(scope["headers"])

@@ -52,8 +52,10 @@ async def health(request: Request) -> Response:
 
 
 @router.head("/")
+@router.head("/api/hello")
 async def head_root() -> Response:
-    # Claude Code probes `HEAD /` before its first request.
+    # Connection warm-ups before the first request: Claude Code 2.1.197 probes `HEAD /`, 2.1.332
+    # `HEAD /api/hello` (the Anthropic API's preconnect route); neither sends its API key.
     return Response(status_code=200)
 
 

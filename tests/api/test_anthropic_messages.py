@@ -275,8 +275,8 @@ def test_encoder_adds_an_empty_text_block_after_thinking_only() -> None:
 async def test_claude_code_first_requests_are_answered(name: str) -> None:
     h = make_harness(FakeEngine(reply("Hello from kvserve, friend.")), ctx=65536)
     body = json.loads((FIXTURES / name).read_text())
-    response = await h.http.head("/")
-    assert response.status_code == 200
+    for probe in ("/", "/api/hello"):  # 2.1.197's and 2.1.332's preconnects
+        assert (await h.http.head(probe)).status_code == 200
     frames = await h.sse("/v1/messages?beta=true", body)
     assert frames[0][0] == "message_start" and frames[-1][0] == "message_stop"
     prompt = h.service.detokenize(h.engine.requests[0][0])

@@ -127,6 +127,8 @@ async def test_api_key_is_checked_on_every_route_but_health() -> None:
     assert (await h.http.get("/v1/models", headers={"authorization": "Bearer sekret"})).status_code == 200
     assert (await h.http.get("/v1/models", headers={"x-api-key": "sekret"})).status_code == 200
     assert (await h.http.get("/health")).status_code == 200
+    assert (await h.http.head("/api/hello")).status_code == 200  # Claude Code's keyless preconnect
+    assert (await h.http.get("/api/hello")).status_code == 401  # only the HEAD probe is open
     # The SDKs send their key in their own header: both must get through.
     h.openai.api_key = "sekret"
     assert await h.openai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
