@@ -228,8 +228,10 @@ async def test_codex_first_request_is_answered() -> None:
 
 async def test_server_max_tokens_limit_ends_an_unbounded_response_as_incomplete() -> None:
     # Codex sends no max_output_tokens: --max-tokens-limit is the only bound on its answers.
-    h = make_harness(FakeEngine(reply("Hello there!")), service_options={"max_tokens_limit": 3})
+    options = {"max_tokens_limit": 3, "default_temperature": 0.0}
+    h = make_harness(FakeEngine(reply("Hello there!")), service_options=options)
     response = await h.openai.responses.create(model=MODEL, input="Hi")
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 3
+    assert response.temperature == 0.0  # the server default it ran with, not the API's 1.0
     await h.http.aclose()

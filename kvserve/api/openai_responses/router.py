@@ -45,7 +45,8 @@ async def responses(request: Request) -> Response:
     service = chat_service(request)
     prepared = await prepare(request, service.prepare_chat, chat, param="input", continuation=RESPONSES)
     model = wire.model or request.app.state.settings.served_model_name
-    encoder = ResponsesEncoder(new_id("resp_"), model, _echo(wire), wants_reasoning_summary(wire), chat.tools)
+    echo = _echo(wire, service.default_temperature)
+    encoder = ResponsesEncoder(new_id("resp_"), model, echo, wants_reasoning_summary(wire), chat.tools)
     events = generate(request, prepared)
     history = conversation(wire, chat)
     if wire.stream:
@@ -114,7 +115,9 @@ async def _save(request: Request, encoder: ResponsesEncoder, history: tuple[Mess
     await run_in_threadpool(_store(request).save, encoder.response_id, stored)
 
 
-def _echo(wire: ResponsesRequest) -> dict[str, Any]:
+def _echo(wire: ResponsesRequest, default_temperature: float | None) -> dict[str, Any]:
+    """The request's settings as the response object reports them (the server's defaults filled in)."""
+    temperature = wire.temperature if wire.temperature is not None else default_temperature
     return {
         "instructions": wire.instructions,
         "max_output_tokens": wire.max_output_tokens,
@@ -125,7 +128,7 @@ def _echo(wire: ResponsesRequest) -> dict[str, Any]:
             "summary": wire.reasoning.summary if wire.reasoning else None,
         },
         "store": wire.store is not False,
-        "temperature": wire.temperature if wire.temperature is not None else 1.0,
+        "temperature": temperature if temperature is not None else 1.0,
         "top_p": wire.top_p if wire.top_p is not None else 1.0,
         "tool_choice": wire.tool_choice if wire.tool_choice is not None else "auto",
         "tools": wire.tools or [],
