@@ -71,8 +71,18 @@ def clients_cache(request: pytest.FixtureRequest) -> Path:
     return request.config.cache.mkdir("kvserve-test-clients")
 
 
-def test_claude_code_twice(served: Proxied, clients_cache: Path, tmp_path: Path) -> None:
-    claude = installed_client(CLAUDE_CODE, clients_cache)
+@pytest.fixture(scope="module")
+def claude(clients_cache: Path) -> Path:
+    return installed_client(CLAUDE_CODE, clients_cache)
+
+
+@pytest.fixture(scope="module")
+def codex(clients_cache: Path) -> Path:
+    return installed_client(CODEX, clients_cache)
+
+
+# The clients come before `served` in the arguments: a skip for want of Node or npm starts no server.
+def test_claude_code_twice(claude: Path, served: Proxied, tmp_path: Path) -> None:
     env = _client_env(tmp_path) | {
         "ANTHROPIC_BASE_URL": served.url,
         "ANTHROPIC_API_KEY": "dummy",
@@ -90,8 +100,7 @@ def test_claude_code_twice(served: Proxied, clients_cache: Path, tmp_path: Path)
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
 
 
-def test_codex_twice(served: Proxied, clients_cache: Path, tmp_path: Path) -> None:
-    codex = installed_client(CODEX, clients_cache)
+def test_codex_twice(codex: Path, served: Proxied, tmp_path: Path) -> None:
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir()
     (codex_home / "config.toml").write_text(codex_config(served.url + "/v1", codex_home))
