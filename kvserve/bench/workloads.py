@@ -31,7 +31,7 @@ from kvserve.bench.multiturn import (
     TurnResult,
     summarize_turns,
 )
-from kvserve.bench.serve_bench import LoadShape, ServeTarget, run_serve_bench
+from kvserve.bench.serve_bench import LoadShape, ServeTarget, run_serve_bench_sharded
 from kvserve.bench.targets import Target
 
 Restart = Callable[[], float] | None
@@ -116,7 +116,9 @@ def _dataset(args: argparse.Namespace, tokenizer: BenchTokenizer) -> list[BenchR
 def _shape(args: argparse.Namespace) -> LoadShape:
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError("--max-concurrency must be >= 1")
-    return LoadShape(args.request_rate, args.burstiness, args.max_concurrency, args.seed)
+    if args.client_procs < 1:
+        raise ValueError("--client-procs must be >= 1")
+    return LoadShape(args.request_rate, args.burstiness, args.max_concurrency, args.seed, args.client_procs)
 
 
 def _warm_up(common: Common, url: str) -> None:
@@ -137,8 +139,8 @@ class ServeWorkload:
         serve_target = ServeTarget(
             url, self.common.api, self.common.served_model, target.rules, self.common.logit_bias
         )
-        results, duration = asyncio.run(
-            run_serve_bench(serve_target, self.requests, self.shape, self.common.progress)
+        results, duration = run_serve_bench_sharded(
+            serve_target, self.requests, self.shape, self.common.progress
         )
         return compute_metrics(results, duration, self.slo)
 

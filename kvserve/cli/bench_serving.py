@@ -71,6 +71,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burstiness", type=float, default=1.0, help="Gamma shape of the gaps (1 = Poisson)")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     p.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="client processes sharing the load (a fast server outruns one)",
+    )
+    p.add_argument(
         "--goodput", nargs="*", default=None, metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS"
     )
 

@@ -69,14 +69,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-num-seqs",
         type=int,
-        default=d.scheduler.max_num_seqs,
-        help="sequences decoded together (continuous batching)",
+        default=0,
+        help="sequences decoded together (continuous batching; default 16 on CPU, 256 on CUDA)",
     )
     g.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=d.scheduler.max_num_batched_tokens,
-        help="token budget of one step (prefill chunk size)",
+        default=0,
+        help="token budget of one step (prefill chunk size; default 512 on CPU, 8192 on CUDA)",
     )
     g.add_argument("--block-size", type=int, default=d.cache.block_size, help="tokens per KV block")
     g.add_argument(

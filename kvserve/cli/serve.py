@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> None:
     # make that one a clean exit, so the `finally` (the disk tier's shutdown save) runs.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _exit_cleanly)
+    if SWITCH_INTERVAL_MS:  # the engine thread and the event loop share the GIL (docs/benchmarks.md)
+        sys.setswitchinterval(SWITCH_INTERVAL_MS / 1000)
     try:
         uvicorn.run(
             app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
@@ -119,6 +121,11 @@ def run(args: argparse.Namespace) -> None:
     finally:
         logger.info("kvserve: shutting down")
         close_server(app, engine)
+
+
+# Debug toggle for A/B runs of the GIL's switch interval (scripts/serve_e2e_bench.py); unset keeps
+# Python's 5 ms, which beat 1 ms on the H200 at 256 streams.
+SWITCH_INTERVAL_MS = float(os.environ.get("KVSERVE_SWITCH_INTERVAL_MS", "0"))
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

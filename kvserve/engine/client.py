@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.core import EngineCore
-from kvserve.engine.outputs import EngineOutput
+from kvserve.engine.outputs import EngineOutput, merge_outputs
 from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.sampling_params import SamplingParams
 
@@ -75,13 +75,9 @@ class AsyncEngineClient:
         finished = False
         try:
             while not finished:
-                item = await outputs.get()
-                if isinstance(item, ValueError):
-                    raise item
-                if isinstance(item, BaseException):
-                    raise EngineDeadError(str(item)) from item
-                finished = item.finished
-                yield item
+                output = _merged(await outputs.get(), outputs)
+                finished = output.finished
+                yield output
         finally:
             if not finished:  # consumer went away (disconnect, cancel, break)
                 self.abort(request_id)
@@ -153,6 +149,27 @@ class AsyncEngineClient:
                     if not output.finished:
                         self._streams.pop(add.request.request_id, None)
                         self.core.abort_request(add.request.request_id)
+
+
+def _merged(
+    first: EngineOutput | BaseException, outputs: asyncio.Queue[EngineOutput | BaseException]
+) -> EngineOutput:
+    """`first` and whatever else is already queued (steps the consumer slept through), as one output."""
+    output = _checked(first)
+    if outputs.empty() or output.finished:  # the common case: the consumer kept up
+        return output
+    batch = [output]
+    while not outputs.empty() and not batch[-1].finished:
+        batch.append(_checked(outputs.get_nowait()))
+    return merge_outputs(batch)
+
+
+def _checked(item: EngineOutput | BaseException) -> EngineOutput:
+    if isinstance(item, ValueError):
+        raise item
+    if isinstance(item, BaseException):
+        raise EngineDeadError(str(item)) from item
+    return item
 
 
 def _deliver(items: list[tuple[_Add, EngineOutput]]) -> None:

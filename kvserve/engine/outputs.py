@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvserve.engine.request import FinishReason, Logprob, Request
 
@@ -72,3 +72,18 @@ class EngineOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def merge_outputs(outputs: list[EngineOutput]) -> EngineOutput:
+    """Consecutive outputs of one request as one: tokens and logprobs in order, the last one's
+    counters and finish. A consumer that fell behind the engine catches up in one wake-up, one
+    detokenizer call and one SSE frame instead of one per step."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    return replace(
+        last,
+        new_token_ids=tuple(t for o in outputs for t in o.new_token_ids),
+        new_logprobs=tuple(lp for o in outputs for lp in o.new_logprobs),
+        num_cache_write_tokens=max(o.num_cache_write_tokens for o in outputs),
+    )

@@ -310,7 +310,7 @@ class ChatService:
             constraint=prepared.constraint,
             checkpoint_hint=_checkpoint_hint(prepared.hints),
         )
-        beats = with_heartbeat(outputs, self.keepalive_s)
+        beats = with_heartbeat(outputs, self.keepalive_s, until=lambda: run.prefill.is_done)
         try:
             async for output in beats:
                 for event in run.tick() if output is None else run.push(output):

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
-async def with_heartbeat(source: AsyncIterator[T], interval_s: float) -> AsyncIterator[T | None]:
-    """Yield the items of `source`, and a None every `interval_s` of wall time.
+async def with_heartbeat(
+    source: AsyncIterator[T], interval_s: float, until: Callable[[], bool] = lambda: False
+) -> AsyncIterator[T | None]:
+    """Yield the items of `source`, and a None every `interval_s` of wall time until `until()` holds
+    after an item; from then on the items pass straight through. Beats cost a task and an
+    `asyncio.wait` per item, which a stream of tokens (after the prefill) must not pay.
 
     Items do not reset the cadence: a source that reports progress every second still gets
     exactly one beat per interval, never a burst and never a gap of twice the interval.
@@ -38,7 +42,11 @@ async def with_heartbeat(source: AsyncIterator[T], interval_s: float) -> AsyncIt
             except StopAsyncIteration:
                 return
             yield item
+            if until():
+                break
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
             await asyncio.gather(pending, return_exceptions=True)
+    async for item in source:
+        yield item

@@ -64,6 +64,24 @@ async def test_heartbeat_is_not_reset_by_items() -> None:
     assert 2 <= items.count(None) <= 4, items
 
 
+async def test_heartbeat_stops_once_until_holds() -> None:
+    """After the prefill the tokens pass straight through: no beats, every item in order."""
+
+    async def slow() -> AsyncIterator[int]:
+        for i in range(6):
+            await asyncio.sleep(0.03)
+            yield i
+
+    seen: list[int] = []
+    items = []
+    async for x in with_heartbeat(slow(), 0.02, until=lambda: 2 in seen):
+        items.append(x)
+        if x is not None:
+            seen.append(x)
+    assert seen == list(range(6))
+    assert None in items[: items.index(2)] and None not in items[items.index(2) :]
+
+
 def test_prefill_log_lines_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     tracker = PrefillTracker("req-1", 1000, clock=lambda: now[0])

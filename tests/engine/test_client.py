@@ -56,3 +56,27 @@ async def test_too_long_prompt_raises_before_queueing(client: AsyncEngineClient)
     with pytest.raises(PromptTooLongError):
         await _collect(client, "huge", [1] * 5000, params)
     assert client.is_running
+
+
+async def test_queued_outputs_reach_a_late_consumer_as_one() -> None:
+    """A consumer that slept through steps gets their tokens in one output, stopping at the finish."""
+    import asyncio
+
+    from kvserve.engine.client import _merged
+    from kvserve.engine.outputs import EngineOutput
+    from kvserve.engine.request import FinishReason
+
+    queue: asyncio.Queue = asyncio.Queue()
+    for output in (
+        EngineOutput("r", (), num_computed_tokens=16),
+        EngineOutput("r", (7,), num_cached_tokens=16),
+        EngineOutput("r", (8,), finish_reason=FinishReason.LENGTH, num_cache_write_tokens=3),
+    ):
+        queue.put_nowait(output)
+    merged = _merged(await queue.get(), queue)
+    assert merged.new_token_ids == (7, 8) and merged.finish_reason == FinishReason.LENGTH
+    assert merged.num_cached_tokens == 0 and merged.num_cache_write_tokens == 3  # the last one's counters
+    assert queue.empty()
+    queue.put_nowait(ValueError("bad"))
+    with pytest.raises(ValueError):
+        _merged(await queue.get(), queue)

@@ -51,3 +51,54 @@ def test_truncated_character_is_flushed_as_replacement() -> None:
     assert detok.push(tok.encode("ok ")) == "ok "
     assert detok.push(list("é".encode())[:1]) == ""
     assert detok.flush() == "\ufffd"
+
+
+def _byte_level_fast_tokenizer():  # type: ignore[no-untyped-def]
+    """A real HF fast tokenizer (byte-level BPE, one token per byte, no merges): the Rust path."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(sorted(alphabet))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+class _PythonOnly:
+    """Hides the Rust backend, so the detokenizer takes its Python path over the same tokenizer."""
+
+    def __init__(self, tokenizer) -> None:  # type: ignore[no-untyped-def]
+        self._tokenizer = tokenizer
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+_FAST = _byte_level_fast_tokenizer()
+
+
+@given(st.text(min_size=1, max_size=30), st.lists(st.integers(1, 4), min_size=1, max_size=4))
+def test_rust_stream_matches_the_python_window(text: str, chunk_sizes: list[int]) -> None:
+    ids = _FAST.encode(text, add_special_tokens=False)
+    prompt = _FAST.encode("a prompt ", add_special_tokens=False)
+    fast, slow = IncrementalDetokenizer(_FAST, prompt), IncrementalDetokenizer(_PythonOnly(_FAST), prompt)
+    assert fast._stream is not None and slow._stream is None
+    fast_pieces, slow_text, i, k = [], "", 0, 0
+    while i < len(ids):
+        chunk = ids[i : i + chunk_sizes[k % len(chunk_sizes)]]
+        fast_pieces.append(fast.push(chunk))
+        slow_text += slow.push(chunk)
+        i, k = i + len(chunk), k + 1
+    # Same text; the Rust path may emit a finished character sooner (the Python one holds a chunk
+    # back whole while it ends mid-character), never a partial one.
+    assert "".join(fast_pieces) + fast.flush() == slow_text + slow.flush() == text
+    assert all("\ufffd" not in piece for piece in fast_pieces) or "\ufffd" in text
+
+
+def test_rust_stream_flushes_a_truncated_character() -> None:
+    detok = IncrementalDetokenizer(_FAST)
+    assert detok.push(_FAST.encode("ok ", add_special_tokens=False)) == "ok "
+    assert detok.push(_FAST.encode("é", add_special_tokens=False)[:1]) == ""
+    assert detok.flush() == "\ufffd"

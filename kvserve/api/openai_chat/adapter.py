@@ -20,7 +20,7 @@ from kvserve.api.request_fields import (
     stop_list,
     top_logprobs,
 )
-from kvserve.api.sse import DONE, data_frame, prefill_comment
+from kvserve.api.sse import DONE, FrameTemplate, data_frame, prefill_comment
 from kvserve.chat.conversation import (
     ChatRequest,
     GenerationOptions,
@@ -230,6 +230,13 @@ class ChatStreamEncoder:
         self._usage: Usage | None = None
         self._args_streamed: set[int] = set()
         self._logprobs: list[TokenLogprob] = []
+        choice = {
+            "index": 0,
+            "delta": {"content": FrameTemplate.MARKER},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        self._content_frame = FrameTemplate(self._envelope([choice]))
 
     def start(self) -> list[str]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -237,7 +244,7 @@ class ChatStreamEncoder:
     def encode(self, event: GenerationEvent) -> list[str]:
         match event:
             case TextDelta(text):
-                return [self._chunk({"content": text})]
+                return [self._chunk({"content": text}) if self._logprobs else self._content_frame.frame(text)]
             case ReasoningDelta(text):
                 return [self._chunk({"reasoning_content": text})]
             case ToolCallStart(index, call_id, name):

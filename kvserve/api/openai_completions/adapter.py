@@ -10,7 +10,7 @@ from kvserve.api.extension import server_hints
 from kvserve.api.openai_chat.adapter import usage_json
 from kvserve.api.openai_completions.schema import CompletionRequest
 from kvserve.api.request_fields import json_format, max_tokens, openai_sampling, stop_list, top_logprobs
-from kvserve.api.sse import DONE, data_frame, prefill_comment
+from kvserve.api.sse import DONE, FrameTemplate, data_frame, prefill_comment
 from kvserve.chat.conversation import GenerationOptions, TextRequest
 from kvserve.serving.events import (
     Failed,
@@ -91,6 +91,8 @@ class CompletionStreamEncoder:
         self._usage: Usage | None = None
         self._logprobs: list[TokenLogprob] = []
         self._text_offset = 0  # where the next logprobs token starts in the completion
+        choice = {"text": FrameTemplate.MARKER, "index": 0, "logprobs": None, "finish_reason": None}
+        self._text_frame = FrameTemplate(self._envelope([choice]))
 
     def start(self) -> list[str]:
         return []
@@ -98,7 +100,7 @@ class CompletionStreamEncoder:
     def encode(self, event: GenerationEvent) -> list[str]:
         match event:
             case TextDelta(text):
-                return [self._chunk(text, None)]
+                return [self._chunk(text, None) if self._logprobs else self._text_frame.frame(text)]
             case Usage():
                 self._usage = event
             case Logprobs(tokens):

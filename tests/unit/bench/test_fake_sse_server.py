@@ -24,7 +24,13 @@ from kvserve.bench.client import (
 from kvserve.bench.datasets import BenchRequest
 from kvserve.bench.metrics import RequestResult
 from kvserve.bench.multiturn import MultiturnBench, MultiturnConfig, MultiturnTarget
-from kvserve.bench.serve_bench import LoadShape, ServeTarget, run_serve_bench
+from kvserve.bench.serve_bench import (
+    LoadShape,
+    ServeTarget,
+    _shards,
+    run_serve_bench,
+    run_serve_bench_sharded,
+)
 from tests.live_uvicorn import serve_in_thread
 from tests.unit.bench.char_tokenizer import CharTokenizer
 
@@ -162,6 +168,29 @@ async def test_serve_bench_respects_max_concurrency(fake: tuple[str, Tracker]) -
     assert all(r.is_success for r in results) and len(results) == 6
     assert tracker.max_in_flight == 2
     assert duration >= 3 * 6 * 0.02 * 0.9  # three waves of two, six 20 ms gaps each
+
+
+def test_sharded_clients_split_the_load(fake: tuple[str, Tracker]) -> None:
+    url, tracker = fake
+    tracker.max_in_flight = 0
+    requests = [BenchRequest(f"prompt {i}", 2, 3) for i in range(8)]
+    target = ServeTarget(f"{url}/slow", Api.CHAT)
+    results, duration = run_serve_bench_sharded(
+        target, requests, LoadShape(max_concurrency=4, num_clients=2), progress=False
+    )
+    assert len(results) == 8 and all(r.is_success for r in results)
+    assert 2 <= tracker.max_in_flight <= 4
+    assert duration >= 2 * 6 * 0.02 * 0.9  # two waves of four, six 20 ms gaps each
+
+
+def test_shards_deal_requests_and_split_concurrency() -> None:
+    shards = _shards(7, LoadShape(request_rate=8.0, max_concurrency=3, num_clients=2))
+    assert [indices for indices, _ in shards] == [[0, 2, 4, 6], [1, 3, 5]]
+    assert [(s.max_concurrency, s.request_rate, s.num_clients) for _, s in shards] == [
+        (2, 4.0, 1),
+        (1, 4.0, 1),
+    ]
+    assert len(_shards(7, LoadShape(max_concurrency=1, num_clients=4))) == 1  # one stream: one client
 
 
 def test_multiturn_sessions_grow_history_and_restart_between_turns(fake: tuple[str, Tracker]) -> None:
