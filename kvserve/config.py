@@ -115,8 +115,8 @@ def resolve(config: EngineConfig) -> EngineConfig:
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") or cpu_has_fast_bf16() else "float32"
         logger.info("dtype auto -> %s (device %s)", dtype, device)
-    if config.weight_quant != "none" and (device != "cpu" or dtype != "bfloat16"):
-        raise ValueError("--weight-quant needs --device cpu and --dtype bfloat16")
+    if config.weight_quant != "none" and (device != "cpu" or dtype not in ("bfloat16", "float32")):
+        raise ValueError("--weight-quant needs --device cpu and --dtype bfloat16 or float32")
     if config.tensor_parallel_size < 1:
         raise ValueError("--tensor-parallel-size must be >= 1")
     if config.tensor_parallel_size > 1 and config.weight_quant != "none":

@@ -37,7 +37,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--weight-quant",
         default=d.weight_quant,
         choices=["none", "int8", "int4"],
-        help="CPU bf16 only: low-bit weight copies for decode-sized batches (faster, lossy)",
+        help="CPU only: low-bit weight copies for decode-sized batches (faster, lossy)",
     )
     g.add_argument(
         "--ctx",

@@ -20,7 +20,7 @@ from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
 from kvserve.kvstore import StoreIdentity
-from kvserve.models.layers.quant import MAX_QUANT_ROWS, apply_weight_quant
+from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_rows
 from kvserve.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int
         logger.info(
             "weight-only %s for batches of <= %d tokens",
             config.weight_quant,
-            MAX_QUANT_ROWS[config.weight_quant],
+            default_max_quant_rows(config.weight_quant, config.torch_dtype),
         )
     return max_model_len, _resolve_num_blocks(config, loaded, max_model_len)
 

@@ -15,11 +15,13 @@ from torch import nn
 
 from kvserve.models.config import LayerType, ModelArchConfig
 from kvserve.models.layers.activation import get_gated_activation
+from kvserve.models.layers.attention import cpu_decode
 from kvserve.models.layers.attention.backend import AttentionBackend
 from kvserve.models.layers.attention.metadata import get_attention_metadata
 from kvserve.models.layers.embedding import Embedding
 from kvserve.models.layers.linear import MergedLinear
 from kvserve.models.layers.norm import RMSNorm
+from kvserve.models.layers.quant import WeightOnlyLinear
 from kvserve.models.layers.rotary import RotaryEmbedding, apply_rotary
 
 RopeTables = dict[LayerType, tuple[torch.Tensor, torch.Tensor]]  # layer type -> (cos, sin)
@@ -77,6 +79,14 @@ class Attention(nn.Module):
         v = qkv[:, num_heads + num_kv_heads :]  # [num_tokens, num_kv_heads, head_dim]
         assert self.kv_cache is not None, "bind_kv_caches() before forward"
         metadata = get_attention_metadata()
+        if self.q_norm is None and self.backend.name == "torch_ref":
+            # fp32 CPU decodes: RoPE, KV write and paged attention in one C++ call (cpu_decode.py).
+            fused = cpu_decode.attend_qkv(
+                qkv.view(num_tokens, -1), cos, sin, self.kv_cache, metadata,
+                num_heads, num_kv_heads, self.scale, self.sliding_window,
+            )  # fmt: skip
+            if fused is not None:
+                return fused
         if self.q_norm is None and self._fuse_kv_write(qkv, cos, sin):
             # RoPE of q and k and the KV write in one Triton launch (fused_ops.rotary).
             from kvserve.models.layers import fused_ops
@@ -136,6 +146,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self._can_run_gemv(x):
             return self._forward_gemv(x, cos, sin)
+        if self._can_run_lowbit(x):
+            return self._forward_lowbit(x, cos, sin)
         attn_out = self.self_attn(self.input_layernorm(x), cos, sin)
         normed, h = self.post_attention_layernorm.forward_with_residual(attn_out, x)  # h = x + attn
         return h + self.mlp(normed)
@@ -172,6 +184,29 @@ class DecoderLayer(nn.Module):
             h, mlp.gate_up_proj.weight, norm_weight=post_norm.weight, eps=post_norm.eps, gated=True
         )
         return gemv.gemv(act, mlp.down_proj.weight, residual=h)  # h + mlp
+
+    def _can_run_lowbit(self, x: torch.Tensor) -> bool:
+        """fp32 CPU decode with every projection on lowbit_cpu's kernel (--weight-quant on fp32)."""
+        if x.is_cuda or x.dtype != torch.float32:
+            return False
+        linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+        return (
+            all(isinstance(m, WeightOnlyLinear) and m.bits is not None for m in linears)
+            and x.shape[0] <= min(m.max_quant_rows for m in linears)
+            and self.mlp.act_name in ("silu", "swish")
+            and self.input_layernorm.offset == 0.0
+            and self.post_attention_layernorm.offset == 0.0
+        )
+
+    def _forward_lowbit(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """_forward_gemv's four fused projections, on the CPU's low-bit kernel."""
+        attn, mlp = self.self_attn, self.mlp
+        in_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
+        qkv = attn.qkv_proj.lowbit(x, norm_weight=in_norm.weight, eps=in_norm.eps)
+        out = attn.attend_qkv(qkv, cos, sin)  # [num_tokens, H * D]
+        h = attn.o_proj.lowbit(out, residual=x)  # x + attn
+        act = mlp.gate_up_proj.lowbit(h, norm_weight=post_norm.weight, eps=post_norm.eps, gated=True)
+        return mlp.down_proj.lowbit(act, residual=h)  # h + mlp
 
 
 class DecoderStack(nn.Module):

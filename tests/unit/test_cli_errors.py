@@ -25,9 +25,9 @@ def test_bad_model_exits_with_a_one_line_error(tmp_path: Path, make_model, expec
     assert message.startswith("kvserve: ") and expected in message and "\n" not in message
 
 
-def test_weight_quant_needs_cpu_bf16() -> None:
+def test_weight_quant_needs_cpu_bf16_or_fp32() -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["generate", "-m", "smollm2", "-p", "hi", "--dtype", "float32", "--weight-quant", "int4"])
+        main(["generate", "-m", "smollm2", "-p", "hi", "--dtype", "float16", "--weight-quant", "int4"])
     assert "--weight-quant needs" in str(exit_info.value.code)
 
 

@@ -2,12 +2,14 @@
 
 Decode GEMVs are memory-bandwidth bound (about 12 GB/s on the 2-core machines here, so a
 135M-parameter model in bf16 cannot exceed ~45 tok/s), while prefill GEMMs are compute
-bound, where oneDNN's dense bf16 kernels win. So each layer keeps its dense weight for
-large batches and a packed low-bit copy (torch's int8/int4 weight-only CPU kernels) for
-batches of up to `max_quant_rows` tokens.
+bound, where oneDNN's dense kernels win. So each layer keeps its dense weight for large
+batches and a packed low-bit copy for batches of up to `max_quant_rows` tokens:
+- bf16 models: torch's int8/int4 weight-only CPU kernels (fast with AVX512);
+- fp32 models (CPUs without fast bf16): the AVX2 kernel of lowbit_cpu.py (ggml's Q4_1/Q8_0).
 
 int4: asymmetric, groups of 32 along the input dim (the Q4_0/Q4_1 grid of GGUF files, so a
-Q4 checkpoint round-trips up to bf16 rounding of its scales). int8: symmetric per output row.
+Q4 checkpoint round-trips up to rounding of its scales). int8: symmetric per output row
+(bf16) or per group of 32 (fp32).
 """
 
 from __future__ import annotations
@@ -18,11 +20,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvserve.models.layers import lowbit_cpu
+
 WeightQuant = Literal["none", "int8", "int4"]
 INT4_GROUP_SIZE = 32
 # Rows (tokens) up to which each low-bit kernel beats dense bf16 here (measured on the SmolLM2
 # shapes with weights streamed from DRAM); above it the GEMM is compute bound and dense wins.
 MAX_QUANT_ROWS = {"int8": 4, "int4": 16}
+# The fp32 kernel (lowbit_cpu) loops over rows inside one weight read: it beats the dense fp32
+# GEMM (4 bytes per weight from DRAM) up to about this many rows.
+MAX_QUANT_ROWS_FP32 = 16
 
 
 class WeightOnlyLinear(nn.Module):
@@ -32,30 +39,63 @@ class WeightOnlyLinear(nn.Module):
         bias: torch.Tensor | None,
         scheme: WeightQuant,
         max_quant_rows: int | None = None,
+        quantize_input: bool = True,
     ) -> None:
         super().__init__()
-        assert weight.dtype == torch.bfloat16 and weight.device.type == "cpu", "CPU bf16 only"
+        assert weight.dtype in (torch.bfloat16, torch.float32) and weight.device.type == "cpu", "CPU only"
+        assert scheme != "none"
         self.weight = weight  # [out, in] dense, for prefill-sized batches
         self.bias = bias
         self.scheme = scheme
-        self.max_quant_rows = MAX_QUANT_ROWS[scheme] if max_quant_rows is None else max_quant_rows
-        if scheme == "int8":
+        # fp32 kernel only: False keeps activations in fp32 (the LM head's argmax is sensitive).
+        self.quantize_input = quantize_input
+        # fp32: lowbit_cpu's format and kernel; bf16: torch's packed int8/int4 ops.
+        self.bits: lowbit_cpu.Bits | None = None
+        if weight.dtype == torch.float32:
+            self.bits = 8 if scheme == "int8" else 4
+            self.qweight, self.scales = lowbit_cpu.quantize(weight, self.bits)
+        elif scheme == "int8":
             self.qweight, self.scales = quantize_int8(weight)
         else:
             self.qweight, self.scales = quantize_int4(weight)
+        if max_quant_rows is None:
+            max_quant_rows = default_max_quant_rows(scheme, weight.dtype)
+        self.max_quant_rows = max_quant_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.max_quant_rows:
             return F.linear(x, self.weight, self.bias)
+        if self.bits is not None:
+            return lowbit_cpu.lowbit_linear(
+                x, self.qweight, self.scales, self.bits, self.bias, quantize_x=self.quantize_input
+            )
         if self.scheme == "int8":
             out = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.qweight, INT4_GROUP_SIZE, self.scales)
         return out if self.bias is None else out + self.bias
 
+    def lowbit(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 1e-6,
+        gated: bool = False,
+    ) -> torch.Tensor:
+        """fp32 only: the low-bit kernel with a decoder layer's neighbours fused (lowbit_cpu)."""
+        assert self.bits is not None
+        return lowbit_cpu.lowbit_linear(
+            x, self.qweight, self.scales, self.bits, self.bias, residual, norm_weight, eps, gated
+        )
+
     def extra_repr(self) -> str:
         out_features, in_features = self.weight.shape
         return f"{in_features} -> {out_features}, {self.scheme}, dense above {self.max_quant_rows} rows"
+
+
+def default_max_quant_rows(scheme: WeightQuant, dtype: torch.dtype) -> int:
+    return MAX_QUANT_ROWS_FP32 if dtype == torch.float32 else MAX_QUANT_ROWS[scheme]
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +140,7 @@ def apply_weight_quant(model: nn.Module, scheme: WeightQuant, *, quantize_head: 
     if quantize_head and hasattr(model, "head_quant"):
         # The head is the single largest GEMV (vocab x hidden); int8 keeps its logits precise.
         weight = model.model.embed_tokens.weight if head is None else head.weight
-        model.head_quant = WeightOnlyLinear(weight.data, None, "int8")
+        model.head_quant = WeightOnlyLinear(weight.data, None, "int8", quantize_input=False)
     return len(targets)
 
 

@@ -1,0 +1,6 @@
+#include "cpu_kernels.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("lowbit_linear", &lowbit_linear, "low-bit weight-only linear, fp32 activations (AVX2)");
+  m.def("decode_attention", &decode_attention, "RoPE, KV write and paged attention of one-token decodes (fp32)");
+}

@@ -1,0 +1,104 @@
+"""Low-bit weight-only linears for fp32 decode on AVX2 CPUs: the packing, a torch reference of
+the kernel's math, and the call into the C++ kernel (csrc/lowbit_linear.cpp, via cpu_ext).
+
+Why its own format: torch's int4/int8 weight-only CPU ops are fast only with AVX512 (on AVX2
+they lose to the dense fp32 GEMV), so CPUs without it had no low-bit decode. This is ggml's
+scheme (Q4_1 / Q8_0 weights, the activation row quantized to int8 per group of 32), the one
+llama.cpp decodes with; the kernel fuses a decoder layer's RMSNorm, residual adds and SiLU-mul.
+
+Without a compiler or AVX2/FMA/F16C, `lowbit_linear` runs the torch reference (same math,
+slow): a correct fallback (`cpu_ext.load()` is None then, and says why in the log).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from kvserve.models.layers import cpu_ext
+
+GROUP_SIZE = 32
+Bits = Literal[4, 8]
+
+
+def quantize(weight: torch.Tensor, bits: Bits) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (qweight, fp16 scales) in the kernel's format (see lowbit_cpu.cpp)."""
+    out_features, in_features = weight.shape
+    if in_features % GROUP_SIZE:
+        raise ValueError(f"low-bit weights need the input dim divisible by {GROUP_SIZE}, got {in_features}")
+    w = weight.float().view(out_features, -1, GROUP_SIZE)  # [N, G, 32]
+    if bits == 8:
+        d = (w.abs().amax(dim=-1) / 127).half()  # [N, G]
+        inv = torch.where(d > 0, 1 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+        q = torch.round(w * inv[..., None]).clamp(-127, 127).to(torch.int8)
+        return q.view(out_features, in_features).contiguous(), d.contiguous()
+    w_min, w_max = w.amin(dim=-1), w.amax(dim=-1)
+    d, m = ((w_max - w_min) / 15).half(), w_min.half()  # quantize against the stored fp16 values
+    inv = torch.where(d > 0, 1 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+    q = torch.round((w - m.float()[..., None]) * inv[..., None]).clamp(0, 15).to(torch.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)  # [N, G, 16]: ggml's nibble order
+    return packed.view(out_features, in_features // 2).contiguous(), torch.stack(
+        [d, m], dim=1
+    ).contiguous()  # [N, 2, G]
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, bits: Bits) -> torch.Tensor:
+    """The fp32 [N, K] weight the packed form stands for."""
+    if bits == 8:
+        n, k = qweight.shape
+        return (qweight.float().view(n, -1, GROUP_SIZE) * scales.float()[..., None]).view(n, k)
+    n, half_k = qweight.shape
+    packed = qweight.view(n, -1, GROUP_SIZE // 2)
+    q = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()  # [N, G, 32]
+    d, m = scales.float().unbind(1)  # [N, G] each
+    return (q * d[..., None] + m[..., None]).view(n, 2 * half_k)
+
+
+def reference_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    bits: Bits,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    gated: bool = False,
+    quantize_x: bool = True,
+) -> torch.Tensor:
+    """The kernel's math in torch (activations rounded to int8 per group like the kernel)."""
+    if norm_weight is not None:
+        x = F.rms_norm(x, (x.shape[-1],), norm_weight, eps)
+    if quantize_x:
+        groups = x.view(x.shape[0], -1, GROUP_SIZE)  # [M, G, 32]
+        dx = groups.abs().amax(dim=-1, keepdim=True) / 127
+        qx = torch.round(groups * torch.where(dx > 0, 1 / dx, torch.zeros_like(dx)))
+        x = (qx * dx).view_as(x)
+    out = F.linear(x, dequantize(qweight, scales, bits), bias)
+    if gated:
+        gate, up = out.chunk(2, dim=-1)
+        out = F.silu(gate) * up
+    return out if residual is None else out + residual
+
+
+def lowbit_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    bits: Bits,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    gated: bool = False,
+    quantize_x: bool = True,
+) -> torch.Tensor:
+    """act(rms_norm?(x) @ W^T + bias) + residual for fp32 x [M, K] (the kernel, else the reference).
+    quantize_x=False keeps x in fp32 (int8 weights only, no norm): for the LM head."""
+    args = (bias, residual, norm_weight, eps, gated, quantize_x)
+    ext = cpu_ext.load()
+    if ext is None:
+        return reference_linear(x, qweight, scales, bits, *args)
+    return ext.lowbit_linear(x.contiguous(), qweight, scales, bits, *args)

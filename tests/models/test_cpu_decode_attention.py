@@ -1,0 +1,73 @@
+"""The fused CPU decode attention (RoPE + KV write + paged attention in one C++ call) against the
+torch path it replaces: apply_rotary, TorchRefBackend.write_kv and TorchRefBackend.attend."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kvserve.models.layers import cpu_ext
+from kvserve.models.layers.attention import cpu_decode
+from kvserve.models.layers.attention.metadata import AttentionMetadata
+from kvserve.models.layers.attention.torch_ref import TorchRefBackend
+from kvserve.models.layers.rotary import RotaryEmbedding, apply_rotary
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 64, 4, 128
+
+pytestmark = pytest.mark.skipif(cpu_ext.load() is None, reason="no AVX2 CPU kernels here")
+
+
+def _decode_batch(seq_lens: list[int]) -> tuple[torch.Tensor, AttentionMetadata]:
+    """A random cache (garbage in unwritten slots) and the metadata of one decode per sequence."""
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    free = list(range(NUM_BLOCKS))
+    random.Random(0).shuffle(free)  # scattered blocks: the kernel must follow the block table
+    tables = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in seq_lens]
+    width = max(map(len, tables))
+    slots = [t[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE for t, n in zip(tables, seq_lens)]
+    metadata = AttentionMetadata(
+        block_size=BLOCK_SIZE,
+        num_decodes=len(seq_lens),
+        slot_mapping=torch.tensor(slots),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        seq_lens=torch.tensor(seq_lens),
+        query_start_loc_cpu=list(range(len(seq_lens) + 1)),
+        seq_lens_cpu=seq_lens,
+        context_lens_cpu=[n - 1 for n in seq_lens],
+    )
+    return cache, metadata
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("seq_lens", [[1], [29], [29, 6, 17, 1]], ids=["first", "one", "ragged"])
+def test_matches_the_torch_path(seq_lens: list[int], window: int | None) -> None:
+    cache, metadata = _decode_batch(seq_lens)
+    qkv = torch.randn(len(seq_lens), (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM)
+    cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)
+    scale = HEAD_DIM**-0.5
+
+    ref_cache = cache.clone()
+    heads = qkv.view(len(seq_lens), -1, HEAD_DIM)
+    qk = apply_rotary(heads[:, : NUM_HEADS + NUM_KV_HEADS], cos, sin)
+    q, k, v = qk[:, :NUM_HEADS], qk[:, NUM_HEADS:], heads[:, NUM_HEADS + NUM_KV_HEADS :]
+    backend = TorchRefBackend()
+    backend.write_kv(ref_cache, k, v, metadata.slot_mapping)
+    expected = backend.attend(q, k, v, ref_cache, metadata, scale=scale, sliding_window=window)
+
+    out = cpu_decode.attend_qkv(qkv, cos, sin, cache, metadata, NUM_HEADS, NUM_KV_HEADS, scale, window)
+    assert out is not None
+    torch.testing.assert_close(out, expected.reshape(len(seq_lens), -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache, ref_cache, atol=1e-6, rtol=1e-6)  # the same KV write
+
+
+def test_declines_what_it_does_not_cover() -> None:
+    cache, metadata = _decode_batch([9, 3])
+    qkv = torch.randn(2, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM)
+    cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor([8, 2]), torch.float32)
+    args = (NUM_HEADS, NUM_KV_HEADS, HEAD_DIM**-0.5, None)
+    assert cpu_decode.attend_qkv(qkv.bfloat16(), cos, sin, cache.bfloat16(), metadata, *args) is None
+    metadata.num_decodes = 1  # the second sequence is a (one-token) prefill chunk: mixed batch
+    assert cpu_decode.attend_qkv(qkv, cos, sin, cache, metadata, *args) is None

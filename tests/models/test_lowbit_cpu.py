@@ -1,0 +1,85 @@
+"""The fp32 low-bit linears (lowbit_cpu): packing, the C++ kernel against its torch reference,
+and the layer's dispatch between the kernel and the dense weight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.models.layers import cpu_ext, lowbit_cpu
+from kvserve.models.layers.quant import WeightOnlyLinear
+
+needs_kernel = pytest.mark.skipif(cpu_ext.load() is None, reason="no AVX2 CPU kernels here")
+
+
+def test_int4_is_exact_on_a_q4_grid() -> None:
+    """Weights already on a 16-level grid per group of 32 (a Q4_1 checkpoint) survive packing."""
+    torch.manual_seed(0)
+    q = torch.randint(0, 16, (8, 64)).float()
+    q[:, ::32], q[:, 1::32] = 0, 15  # every group spans the full grid
+    weight = q * 0.0625 - 0.5  # exactly representable in fp16
+    packed, scales = lowbit_cpu.quantize(weight, 4)
+    assert packed.shape == (8, 32) and scales.shape == (8, 2, 2)
+    assert torch.equal(lowbit_cpu.dequantize(packed, scales, 4), weight)
+
+
+@pytest.mark.parametrize("bits,tolerance", [(8, 0.01), (4, 0.1)])
+def test_reference_is_close_to_dense(bits: lowbit_cpu.Bits, tolerance: float) -> None:
+    torch.manual_seed(0)
+    weight, x = torch.randn(96, 128) * 0.05, torch.randn(3, 128)
+    out = lowbit_cpu.reference_linear(x, *lowbit_cpu.quantize(weight, bits), bits)
+    dense = x @ weight.t()
+    assert (out - dense).norm() / dense.norm() < tolerance
+
+
+FUSIONS = {
+    "plain": {},
+    "bias": {"bias": True},
+    "norm": {"norm_weight": True, "eps": 1e-5},
+    "gated_residual": {"gated": True, "residual": True},
+    "norm_gated": {"norm_weight": True, "gated": True},
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("fusion", FUSIONS.values(), ids=FUSIONS.keys())
+def test_kernel_matches_its_reference(bits: lowbit_cpu.Bits, rows: int, fusion: dict) -> None:
+    torch.manual_seed(bits + rows)
+    n, k = 80, 320  # 10 groups: exercises the kernel's 8-group scale loop and its tail
+    qweight, scales = lowbit_cpu.quantize(torch.randn(n, k) * 0.05, bits)
+    out_n = n // 2 if fusion.get("gated") else n
+    kwargs = {
+        "bias": torch.randn(n) if fusion.get("bias") else None,
+        "residual": torch.randn(rows, out_n) if fusion.get("residual") else None,
+        "norm_weight": torch.rand(k) + 0.5 if fusion.get("norm_weight") else None,
+        "eps": fusion.get("eps", 1e-6),
+        "gated": bool(fusion.get("gated")),
+    }
+    x = torch.randn(rows, k)
+    out = lowbit_cpu.lowbit_linear(x, qweight, scales, bits, **kwargs)
+    expected = lowbit_cpu.reference_linear(x, qweight, scales, bits, **kwargs)
+    assert out.shape == (rows, out_n)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_fp32_layer_uses_the_kernel_up_to_its_row_limit() -> None:
+    torch.manual_seed(0)
+    weight, bias = torch.randn(64, 64) * 0.05, torch.randn(64)
+    layer = WeightOnlyLinear(weight, bias, "int4", max_quant_rows=4)
+    assert layer.bits == 4
+    small, large = torch.randn(4, 64), torch.randn(5, 64)
+    expected = lowbit_cpu.reference_linear(small, layer.qweight, layer.scales, 4, bias)
+    torch.testing.assert_close(layer(small), expected, atol=1e-4, rtol=1e-4)
+    assert torch.equal(layer(large), torch.nn.functional.linear(large, weight, bias))
+
+
+@needs_kernel
+def test_kernel_with_fp32_input_matches_its_reference() -> None:
+    """The LM head's path: int8 weights, activations not rounded (close to the dequantized GEMV)."""
+    torch.manual_seed(0)
+    qweight, scales = lowbit_cpu.quantize(torch.randn(48, 320) * 0.05, 8)
+    x = torch.randn(2, 320)
+    out = lowbit_cpu.lowbit_linear(x, qweight, scales, 8, quantize_x=False)
+    torch.testing.assert_close(out, x @ lowbit_cpu.dequantize(qweight, scales, 8).t(), atol=1e-5, rtol=1e-5)
