@@ -24,7 +24,9 @@ from kvserve.models.layers import cpu_ext
 
 
 def start(quant: str, prompt_len: int) -> EngineCore:
-    config = EngineConfig(model="smollm2", device="cpu", dtype="float32", weight_quant=quant, max_model_len=4096)
+    config = EngineConfig(
+        model="smollm2", device="cpu", dtype="float32", weight_quant=quant, max_model_len=4096
+    )
     engine = build_engine(config, progress=False)
     params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
     request = engine.make_request(uuid.uuid4().hex, make_prompt(prompt_len, 49152, 7), params)
@@ -68,7 +70,9 @@ def main() -> None:
     for name, values in step_ms.items():
         values.sort()
         median = values[len(values) // 2]
-        print(f"  {name:14s} step: min {values[0]:6.1f} ms, median {median:6.1f} ms ({1e3 / median:5.1f} tok/s)")
+        print(
+            f"  {name:14s} step: min {values[0]:6.1f} ms, median {median:6.1f} ms ({1e3 / median:5.1f} tok/s)"
+        )
 
 
 if __name__ == "__main__":
