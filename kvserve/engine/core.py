@@ -20,6 +20,7 @@ from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
 from kvserve.kvstore import StoreIdentity
+from kvserve.models.layers import cpu_ext
 from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_rows
 from kvserve.models.loaded import LoadedModel
 
@@ -248,6 +249,10 @@ def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int
     """(max_model_len, num_blocks) of this rank's KV pool; applies --weight-quant first. Every
     tensor-parallel rank runs it (on CUDA its profiling forward is a collective)."""
     max_model_len = _resolve_max_model_len(config, loaded)
+    if config.device == "cpu" and config.dtype == "float32":
+        # Build (first run: a minute or more) or load the CPU decode kernels now, not in the
+        # first request's decode step.
+        logger.info("CPU decode kernels: %s", "on" if cpu_ext.load() is not None else "off")
     if apply_weight_quant(loaded.model, config.weight_quant):
         logger.info(
             "weight-only %s for batches of <= %d tokens",
