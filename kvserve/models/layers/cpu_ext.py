@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ def load() -> Any | None:
         return None
     from torch.utils import cpp_extension
 
+    _put_ninja_on_path()
     csrc = Path(__file__).with_name("csrc")
     try:
         return cpp_extension.load(
@@ -52,3 +54,18 @@ def load() -> Any | None:
     except Exception:  # a missing compiler or headers must not take the engine down
         logger.exception("building the CPU decode kernels failed; using the torch paths")
         return None
+
+
+def _put_ninja_on_path() -> None:
+    """torch builds with the `ninja` on PATH; without a system one, use the PyPI wheel's binary.
+
+    The wheel (a dependency) puts it in the venv's bin folder, which is on PATH only when the venv is
+    activated, and `make serve` runs `.venv/bin/kvserve` without activating it.
+    """
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
