@@ -4,11 +4,13 @@ forwards every request to the server unchanged and streams the answer back, and 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -34,6 +36,8 @@ class Exchange:
     content_type: str = ""
     response_body: bytes = b""
     is_finished: bool = False
+    # Set once the proxy is done with the server's answer (read to its end, or failed).
+    is_closed: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def request_json(self) -> Any:
         return json.loads(self.request_body) if self.request_body else None
@@ -53,12 +57,18 @@ class RecordingProxy:
         self.upstream = upstream
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
+        self._pumps: set[asyncio.Future[None]] = set()  # strong references until each ends
         self.app = Starlette(routes=[Route("/{path:path}", self._forward, methods=_METHODS)])
 
-    def take(self) -> list[Exchange]:
-        """The exchanges so far, in arrival order; the record starts again empty."""
+    def take(self, timeout_s: float = 30.0) -> list[Exchange]:
+        """The exchanges so far, in arrival order, each waited for (up to `timeout_s` in all) until
+        the server's answer has been read to its end; the record starts again empty. A client can
+        exit before the last bytes of its final answer reach the proxy."""
         with self._lock:
             taken, self.exchanges = self.exchanges, []
+        deadline = time.monotonic() + timeout_s
+        for exchange in taken:
+            exchange.is_closed.wait(max(0.0, deadline - time.monotonic()))
         return taken
 
     async def _forward(self, request: Request) -> Response:
@@ -69,24 +79,45 @@ class RecordingProxy:
             self.exchanges.append(exchange)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_HEADERS}
         client = httpx.AsyncClient(base_url=self.upstream, timeout=httpx.Timeout(900, connect=10))
-        upstream = await client.send(
-            client.build_request(request.method, path, headers=headers, content=body), stream=True
-        )
+        try:
+            upstream = await client.send(
+                client.build_request(request.method, path, headers=headers, content=body), stream=True
+            )
+        except BaseException:
+            exchange.is_closed.set()
+            await client.aclose()
+            raise
         exchange.status = upstream.status_code
         exchange.content_type = upstream.headers.get("content-type", "")
         answer_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROPPED_HEADERS}
 
-        async def relay() -> AsyncIterator[bytes]:
-            chunks = []
+        # The upstream answer is read to its end by a task of its own, whatever the client does: a
+        # client may close its connection the moment it has what it needs (Codex does, on
+        # `response.completed`), which cancels the relay below; the record must still say whether the
+        # *server* finished its answer, not whether the client stayed to the end of the chunked body.
+        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            received = []
             try:
                 async for chunk in upstream.aiter_raw():
-                    chunks.append(chunk)
-                    yield chunk
+                    received.append(chunk)
+                    chunks.put_nowait(chunk)
                 exchange.is_finished = True
             finally:
-                exchange.response_body = b"".join(chunks)
+                exchange.response_body = b"".join(received)
+                chunks.put_nowait(None)
                 await upstream.aclose()
                 await client.aclose()
+                exchange.is_closed.set()
+
+        pumping = asyncio.ensure_future(pump())
+        self._pumps.add(pumping)
+        pumping.add_done_callback(self._pumps.discard)
+
+        async def relay() -> AsyncIterator[bytes]:
+            while (chunk := await chunks.get()) is not None:
+                yield chunk
 
         return StreamingResponse(relay(), status_code=upstream.status_code, headers=answer_headers)
 

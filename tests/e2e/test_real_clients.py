@@ -186,7 +186,11 @@ def _run_client(
     model_requests = [e for e in exchanges if e.method == "POST" and e.path.split("?")[0] == model_path]
     assert model_requests, [(e.method, e.path) for e in exchanges]
     for exchange in model_requests:
-        assert exchange.is_finished and exchange.content_type.startswith("text/event-stream"), exchange.path
+        assert exchange.is_finished and exchange.content_type.startswith("text/event-stream"), (
+            exchange.path,
+            exchange.content_type,
+            exchange.response_body[-1500:],
+        )
     num_prompt, num_cached = usage_of(model_requests[0])
     for exchange in model_requests[1:]:
         usage_of(exchange)  # each stream complete, not only the first
