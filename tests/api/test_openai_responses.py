@@ -94,6 +94,24 @@ async def test_sdk_stream(harness: Harness) -> None:
     assert text == "Hello there!" and final is not None and final.output_text == "Hello there!"
 
 
+async def test_a_slow_prefill_sends_in_progress_events_not_comments() -> None:
+    # Codex's idle timeout counts events only: a keepalive comment would not keep it waiting.
+    h = make_harness(FakeEngine(reply("ok"), prefill_delay_s=0.3), keepalive_s=0.05)
+    response = await h.http.post("/v1/responses", json={"model": MODEL, "input": "Hi", "stream": True})
+    assert ": keepalive" not in response.text
+    frames = parse_sse(response.text)
+    types = [data["type"] for _, data in frames]
+    assert types[:2] == ["response.created", "response.in_progress"] and types[-1] == "response.completed"
+    beats = types.index("response.output_item.added") - 2
+    assert beats >= 3 and types[2 : 2 + beats] == ["response.in_progress"] * beats, types
+    assert [data["sequence_number"] for _, data in frames] == list(range(len(frames)))
+    assert all(data["response"]["status"] == "in_progress" for _, data in frames[1 : 2 + beats])
+    # The SDK reads the same stream to its end.
+    stream = await h.openai.responses.create(model=MODEL, input="Hi", stream=True)
+    kinds = [event.type async for event in stream]
+    assert kinds.count("response.in_progress") >= 4 and kinds[-1] == "response.completed"
+
+
 async def test_length_is_incomplete() -> None:
     h = make_harness(FakeEngine(reply("abcdef")))
     response = await h.openai.responses.create(model=MODEL, input="Hi", max_output_tokens=3)

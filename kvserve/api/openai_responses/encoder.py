@@ -179,8 +179,14 @@ class ResponsesEncoder:
                 frames = self._close()
                 self.status, self.error = "failed", {"code": "server_error", "message": error}
                 return frames + [self._frame("response.failed", response=self.response())]
-            case PrefillProgress():
+            case PrefillProgress(is_detailed=True):
                 return [prefill_comment(event)]
+            case PrefillProgress():
+                # A keepalive as a real event, not an SSE comment: Codex's `stream_idle_timeout_ms`
+                # (300 s by default) counts only events, and a cold 20K-token prefill on a CPU takes
+                # longer. `response.in_progress` is the one event the protocol has for "still working";
+                # the SDKs and Codex take it again without complaint.
+                return [self._frame("response.in_progress", response=self.response())]
         return []
 
     # -- items -------------------------------------------------------------------------
