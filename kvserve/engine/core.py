@@ -252,6 +252,7 @@ def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int
     if config.device == "cpu" and config.dtype == "float32":
         # Build (first run: a minute or more) or load the CPU decode kernels now, not in the
         # first request's decode step.
+        logger.info("CPU decode kernels: loading (the first start on a machine compiles them, ~1-3 min)")
         logger.info("CPU decode kernels: %s", "on" if cpu_ext.load() is not None else "off")
     if apply_weight_quant(loaded.model, config.weight_quant):
         logger.info(

@@ -121,8 +121,8 @@ def codex_config(base_url: str, codex_home: Path) -> str:
         instructions.write_text("You are a coding agent. Answer briefly.\n")
         slim_keys = f'model_instructions_file = "{instructions}"\nweb_search = "disabled"\n'
         slim_tables = "\n[features]\nmulti_agent = false\ngoals = false\n"
-    # stream_idle_timeout_ms: Codex counts only SSE events, not kvserve's keepalive comments, as
-    # activity, so the wait must outlast a cold prefill.
+    # No stream_idle_timeout_ms: Codex's default (300 s, SSE events only) must hold through a cold
+    # prefill, which kvserve keeps alive with response.in_progress events.
     return f"""model = "smollm2"
 model_provider = "kvserve"
 model_context_window = 32768
@@ -137,7 +137,6 @@ wire_api = "responses"
 env_key = "KVSERVE_API_KEY"
 request_max_retries = 0
 stream_max_retries = 0
-stream_idle_timeout_ms = 600000
 
 [analytics]
 enabled = false

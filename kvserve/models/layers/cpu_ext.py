@@ -1,17 +1,19 @@
 """The AVX2 C++ kernels for CPU decode (csrc/): low-bit linears and one-token paged attention.
 
-Built with torch's cpp_extension at first use (about a minute, once per source version: torch
-caches the build under ~/.cache/torch_extensions and rebuilds when a source changes), never at
-import. `load()` is None where the CPU lacks the instructions or the build fails; callers then
+Built with torch's cpp_extension at first use (one to a few minutes, once per machine and source
+version, in a folder named by the sources' hash under ~/.cache/torch_extensions; `make setup` does it
+ahead of the first server start), never at import. `load()` is None where the CPU lacks the instructions or the build fails; callers then
 keep their torch paths. `KVSERVE_CPU_KERNELS=0` turns the kernels off (for A/B measurements).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,18 +44,56 @@ def load() -> Any | None:
     from torch.utils import cpp_extension
 
     _put_ninja_on_path()
-    csrc = Path(__file__).with_name("csrc")
     try:
+        name, src, build = _build_folders(Path(__file__).with_name("csrc"))
         return cpp_extension.load(
-            name="kvserve_cpu_kernels",
-            sources=[str(csrc / name) for name in _SOURCES],
-            extra_include_paths=[str(csrc)],
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"],
+            name=name,
+            sources=[str(src / file) for file in _SOURCES],
+            extra_include_paths=[str(src)],
+            extra_cflags=list(_CFLAGS),
+            build_directory=str(build),
             verbose=False,
         )
     except Exception:  # a missing compiler or headers must not take the engine down
         logger.exception("building the CPU decode kernels failed; using the torch paths")
         return None
+
+
+_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c")
+
+
+def _build_folders(csrc: Path) -> tuple[str, Path, Path]:
+    """(module name, source folder, build folder), keyed by the sources' content and flags.
+
+    torch's own cache is keyed by the extension's name, and ninja rebuilds whenever a compile command
+    changes, which the absolute source paths are part of: two checkouts (a CI clone, a worktree)
+    took turns recompiling the same code for minutes each. The sources are therefore copied into a
+    folder named by their hash, and compiled from there: same code, same paths, one build per
+    machine; changed code, a new folder.
+    """
+    import torch
+
+    files = sorted(p for p in csrc.iterdir() if p.suffix in (".cpp", ".h"))
+    digest = hashlib.sha256(" ".join((*_CFLAGS, torch.__version__)).encode())
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    name = f"kvserve_cpu_kernels_{digest.hexdigest()[:12]}"
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions") / name
+    src, build = root / "src", root / "build"
+    if not all((src / path.name).exists() for path in files):
+        staging = Path(tempfile.mkdtemp(prefix="src-", dir=_made(root)))
+        for path in files:
+            shutil.copyfile(path, staging / path.name)
+        try:
+            staging.rename(src)  # atomic: a concurrent start either sees all files or none
+        except OSError:  # another process got there first with the same content
+            shutil.rmtree(staging, ignore_errors=True)
+    return name, src, _made(build)
+
+
+def _made(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _put_ninja_on_path() -> None:
@@ -69,3 +109,10 @@ def _put_ninja_on_path() -> None:
     except ImportError:
         return
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+if __name__ == "__main__":
+    # `make setup` builds the kernels here, so that the first `kvserve serve` (and every test's
+    # server, whose start-up has a deadline) finds them compiled instead of spending minutes on it.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print("CPU decode kernels:", "built" if load() is not None else "not available on this CPU (torch paths)")
