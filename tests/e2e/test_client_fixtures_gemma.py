@@ -1,6 +1,9 @@
-"""The first requests real Claude Code and Codex CLI versions send (tests/fixtures/clients), served
-by a real engine with a 32K context (Gemma 3 270M, `--ctx 32768`, its trained context): each gets
-a complete, well-formed stream. test_client_fixtures_smollm2.py serves them from the default model."""
+"""A first request of a real coding client (tests/fixtures/clients) served by Gemma 3 270M at its
+trained 32K context (`--ctx 32768`): a complete, well-formed stream through Gemma's own chat
+template. The long fixtures (Claude Code 2.1.332, ~12.8K tokens; Codex 0.171.0, ~9.1K) are served
+by the default model in test_client_fixtures_smollm2.py: on Gemma they cost ~4 minutes of CPU
+prefill for no path that test does not already take, so Gemma gets the short one (Claude Code
+2.1.197 `--bare`, tools and system rendered)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.client_fixtures import check_claude_code_stream, check_codex_stream, post_fixture, serve_model
+from tests.e2e.client_fixtures import check_claude_code_stream, post_fixture, serve_model
 
 pytestmark = pytest.mark.model
 
@@ -19,14 +22,8 @@ def gemma_url() -> Iterator[str]:
         yield url
 
 
-@pytest.mark.parametrize(
-    "fixture", ["claude-code-2.1.332_messages.json", "claude-code-2.1.197-bare_messages.json"]
-)
-def test_claude_code_first_request(gemma_url: str, fixture: str) -> None:
-    frames = post_fixture(gemma_url, "/v1/messages?beta=true", fixture, max_tokens=8)
+def test_claude_code_bare_first_request(gemma_url: str) -> None:
+    frames = post_fixture(
+        gemma_url, "/v1/messages?beta=true", "claude-code-2.1.197-bare_messages.json", max_tokens=8
+    )
     check_claude_code_stream(frames, min_prompt_tokens=1000)  # tools and system rendered
-
-
-def test_codex_first_request(gemma_url: str) -> None:
-    frames = post_fixture(gemma_url, "/v1/responses", "codex-0.171.0_responses.json", max_output_tokens=8)
-    check_codex_stream(frames, min_prompt_tokens=1000)

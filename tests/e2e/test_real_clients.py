@@ -66,7 +66,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
 
 @pytest.fixture(scope="module")
 def clients_cache(request: pytest.FixtureRequest) -> Path:
-    if request.config.cache is None:  # -p no:cacheprovider: the user's cache, not the suite's temporary one
+    if (
+        getattr(request.config, "cache", None) is None
+    ):  # -p no:cacheprovider: the user's cache, not the suite's temporary one
         return Path.home() / ".cache" / "kvserve" / "test-clients"
     return request.config.cache.mkdir("kvserve-test-clients")
 
