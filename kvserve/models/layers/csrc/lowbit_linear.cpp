@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -96,44 +97,70 @@ inline __m256i dot_q8_q8_group(__m256i qw, __m256i qv) {
   return _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qv, qw));
 }
 
-// One output row . one quantized activation row. Four accumulators: one FMA chain would
-// leave the core waiting on its latency every group (groups are only ~6 instructions).
-template <int BITS>
-inline float dot_row(const uint8_t* w, const at::Half* d, const int8_t* qx, const float* dx, int64_t G) {
+// One output row . R quantized activation rows (R <= 4): each weight group is loaded and unpacked
+// once for the R rows, which is what keeps a batched step (16 rows) from redoing the unpacking per
+// row. With R = 1, four accumulators: one FMA chain would leave the core waiting on its latency
+// every group (groups are only ~6 instructions); with R > 1 the rows are the independent chains.
+template <int BITS, int R>
+inline void dot_rows(const uint8_t* w, const at::Half* d, const int8_t* qx, const float* dx, int64_t K,
+                     int64_t G, float* out) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  constexpr int A = R == 1 ? 4 : R;
+  __m256 acc[A];
+  for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
-    const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + g * QK));
-    __m256i p16;
+    __m256i wu;  // the unsigned operand of maddubs
+    __m256i ws = _mm256_setzero_si256();  // int8 only: the weights' signs, moved onto the activations
     if constexpr (BITS == 4) {
-      p16 = _mm256_maddubs_epi16(unpack_q4(w + g * 16), qv);
+      wu = unpack_q4(w + g * 16);
     } else {
-      p16 = dot_q8_q8_group(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * QK)), qv);
+      ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * QK));
+      wu = _mm256_sign_epi8(ws, ws);  // |w| . (x * sign(w)), as ggml does
     }
-    const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-    acc[g & 3] = _mm256_fmadd_ps(_mm256_set1_ps(fp16(d + g) * dx[g]), p, acc[g & 3]);
+    const float dw = fp16(d + g);
+    for (int r = 0; r < R; ++r) {
+      __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + r * K + g * QK));
+      if constexpr (BITS == 8) qv = _mm256_sign_epi8(qv, ws);
+      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wu, qv), ones));
+      const int a = R == 1 ? static_cast<int>(g & 3) : r;
+      acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r * G + g]), p, acc[a]);
+    }
   }
-  return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  if constexpr (R == 1) {
+    out[0] = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  } else {
+    for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+  }
 }
 
-// int8 weights . an fp32 activation row (not quantized): for the LM head, whose argmax flips
-// on SmolLM2 when its input is rounded to int8 (measured), at ~2x the integer path's compute.
-inline float dot_row_q8_f32(const int8_t* w, const at::Half* d, const float* x, int64_t G) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+// int8 weights . R fp32 activation rows (not quantized): for the LM head, whose argmax flips on
+// SmolLM2 when its input is rounded to int8 (measured). Each group's weights are widened to fp32
+// and scaled once for the R rows.
+template <int R>
+inline void dot_rows_q8_f32(const int8_t* w, const at::Half* d, const float* x, int64_t K, int64_t G,
+                            float* out) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * QK));
     const __m128i lo = _mm256_castsi256_si128(qw), hi = _mm256_extracti128_si256(qw, 1);
-    const float* xg = x + g * QK;
-    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(xg));
-    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(xg + 8), t);
-    __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(xg + 16));
-    u = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(xg + 24), u);
     const __m256 scale = _mm256_set1_ps(fp16(d + g));
-    acc0 = _mm256_fmadd_ps(scale, t, acc0);
-    acc1 = _mm256_fmadd_ps(scale, u, acc1);
+    const __m256 w0 = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+    const __m256 w1 = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+    const __m256 w2 = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+    const __m256 w3 = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+    for (int r = 0; r < R; ++r) {
+      const float* xg = x + r * K + g * QK;
+      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), acc[r][1]);
+      acc[r][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), acc[r][1]);
+    }
   }
-  return hsum(_mm256_add_ps(acc0, acc1));
+  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
+
+constexpr int ROW_BLOCK = 4;
 
 }  // namespace
 
@@ -172,31 +199,58 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight
   const int64_t sc_row = bits == 4 ? 2 * G : G;
   const int64_t w_row = bits == 4 ? K / 2 : K;
   const auto* wbase = static_cast<const uint8_t*>(qweight.data_ptr());
-  auto dot = [&](int64_t n, int64_t m) -> float {
-    if (!quantize_x) {
-      const float v = dot_row_q8_f32(reinterpret_cast<const int8_t*>(wbase + n * w_row), sc + n * sc_row, xf + m * K, G);
-      return b != nullptr ? v + b[n] : v;
-    }
-    const int8_t* qx = xq.q.data() + m * K;
-    const float* dx = xq.d.data() + m * G;
+  // Output row n for activation rows [m, m + r) into v[0..r).
+  auto dot = [&](int64_t n, int64_t m, int r, float* v) {
     const uint8_t* w = wbase + n * w_row;
     const at::Half* d = sc + n * sc_row;
-    // int4: w = q * d + m, so the min adds m[g] * sum(x in group g) per group.
-    float v = bits == 4 ? dot_row<4>(w, d, qx, dx, G) + dot_fp16_fp32(d + G, xq.s.data() + m * G, G)
-                        : dot_row<8>(w, d, qx, dx, G);
-    return b != nullptr ? v + b[n] : v;
+    if (!quantize_x) {
+      const auto* w8 = reinterpret_cast<const int8_t*>(w);
+      const float* xm = xf + m * K;
+      switch (r) {
+        case 1: dot_rows_q8_f32<1>(w8, d, xm, K, G, v); break;
+        case 2: dot_rows_q8_f32<2>(w8, d, xm, K, G, v); break;
+        case 3: dot_rows_q8_f32<3>(w8, d, xm, K, G, v); break;
+        default: dot_rows_q8_f32<4>(w8, d, xm, K, G, v); break;
+      }
+    } else {
+      const int8_t* qx = xq.q.data() + m * K;
+      const float* dx = xq.d.data() + m * G;
+      if (bits == 4) {
+        switch (r) {
+          case 1: dot_rows<4, 1>(w, d, qx, dx, K, G, v); break;
+          case 2: dot_rows<4, 2>(w, d, qx, dx, K, G, v); break;
+          case 3: dot_rows<4, 3>(w, d, qx, dx, K, G, v); break;
+          default: dot_rows<4, 4>(w, d, qx, dx, K, G, v); break;
+        }
+        // int4: w = q * d + m, so the min adds m[g] * sum(x in group g) per group.
+        for (int i = 0; i < r; ++i) v[i] += dot_fp16_fp32(d + G, xq.s.data() + (m + i) * G, G);
+      } else {
+        switch (r) {
+          case 1: dot_rows<8, 1>(w, d, qx, dx, K, G, v); break;
+          case 2: dot_rows<8, 2>(w, d, qx, dx, K, G, v); break;
+          case 3: dot_rows<8, 3>(w, d, qx, dx, K, G, v); break;
+          default: dot_rows<8, 4>(w, d, qx, dx, K, G, v); break;
+        }
+      }
+    }
+    if (b != nullptr) {
+      for (int i = 0; i < r; ++i) v[i] += b[n];
+    }
   };
   at::parallel_for(0, N_out, 16, [&](int64_t begin, int64_t end) {
+    float gv[ROW_BLOCK], uv[ROW_BLOCK];
     for (int64_t n = begin; n < end; ++n) {
-      for (int64_t m = 0; m < M; ++m) {
-        float v;
+      for (int64_t m = 0; m < M; m += ROW_BLOCK) {
+        const int r = static_cast<int>(std::min<int64_t>(ROW_BLOCK, M - m));
+        dot(n, m, r, gv);
         if (gated) {
-          const float g = dot(n, m), u = dot(n + N_out, m);
-          v = g / (1.f + std::exp(-g)) * u;
-        } else {
-          v = dot(n, m);
+          dot(n + N_out, m, r, uv);
+          for (int i = 0; i < r; ++i) gv[i] = gv[i] / (1.f + std::exp(-gv[i])) * uv[i];
         }
-        y[m * N_out + n] = res != nullptr ? v + res[m * N_out + n] : v;
+        for (int i = 0; i < r; ++i) {
+          const int64_t at = (m + i) * N_out + n;
+          y[at] = res != nullptr ? gv[i] + res[at] : gv[i];
+        }
       }
     }
   });
