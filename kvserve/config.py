@@ -39,6 +39,9 @@ class KVStoreConfig:
     continued_interval_tokens: int = 10000  # rounded up to align_tokens: frontiers every 10,240 tokens
     align_tokens: int = 2048  # cold checkpoints without a chat boundary are cut to a multiple of this
     max_pending_saves: int = 4  # checkpoints copied out and waiting for the writer thread
+    # KV dtype on disk: "auto" = float16 when the engine computes in float32 (half the bytes to write
+    # and to read back after a restart; llama.cpp's default KV type), else the engine's own dtype.
+    dtype: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from kvserve.config import (
 )
 from kvserve.engine.core import EngineCore
 from kvserve.kvstore.cache_dir import default_cache_dir
+from kvserve.kvstore.checkpoint import DISK_DTYPE_CHOICES
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,12 @@ def add_kv_store_args(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="disk budget of the KV checkpoints; the lowest-scoring ones are evicted",
     )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=DISK_DTYPE_CHOICES,
+        default="auto",
+        help="KV dtype on disk (auto: float16 for a float32 engine, else the engine's dtype)",
+    )
     g.add_argument("--no-kv-cache", action="store_true", help="no disk KV tier (RAM prefix cache only)")
 
 
@@ -133,7 +140,9 @@ def kv_store_config_from_args(args: argparse.Namespace) -> KVStoreConfig | None:
     if args.kv_cache_budget_mb < 1:
         sys.exit("kvserve: --kv-cache-budget-mb must be >= 1")
     directory = args.kv_cache_dir or str(default_cache_dir())
-    return KVStoreConfig(directory=directory, budget_mb=args.kv_cache_budget_mb)
+    return KVStoreConfig(
+        directory=directory, budget_mb=args.kv_cache_budget_mb, dtype=getattr(args, "kv_cache_dtype", "auto")
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

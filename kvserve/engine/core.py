@@ -20,6 +20,7 @@ from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
 from kvserve.kvstore import StoreIdentity
+from kvserve.kvstore.checkpoint import disk_kv_dtype
 from kvserve.models.layers import cpu_ext
 from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_rows
 from kvserve.models.loaded import LoadedModel
@@ -86,7 +87,7 @@ class EngineCore:
         # The chunk keys are this engine's block chain hashes, whose extra key is cache_key.
         identity = StoreIdentity(
             self.cache_key,
-            self.config.dtype,
+            disk_kv_dtype(config.dtype, self.config.dtype),
             num_layers,
             num_kv_heads,
             head_dim,

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from kvserve.config import KVStoreConfig
 from kvserve.engine.disk_saves import RecentSequences, build_save_job, new_meta, resolve_block_ids
 from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
@@ -38,7 +40,7 @@ from kvserve.kvstore import (
     cold_cut,
     continued_frontier,
 )
-from kvserve.kvstore.checkpoint import SaveReason
+from kvserve.kvstore.checkpoint import SaveReason, to_disk_dtype
 from kvserve.kvstore.save_policy import system_cut
 
 logger = logging.getLogger(__name__)
@@ -309,7 +311,7 @@ class DiskTier:
                 return 0
             supersedes = self._superseded(session_id, hashes)
             job, num_new_tokens = build_save_job(
-                self.store, meta, token_ids, hashes, block_ids, self.runner.copy_blocks_out, supersedes
+                self.store, meta, token_ids, hashes, block_ids, self._copy_out, supersedes
             )
         except (OSError, sqlite3.Error) as error:  # a checkpoint is an optimization: skip it, keep serving
             logger.warning("disk KV cache: %s checkpoint skipped: %s", reason, error)
@@ -319,6 +321,11 @@ class DiskTier:
         if session_id and hashes:
             self._sessions[session_id] = (meta.checkpoint_id, len(hashes), hashes[-1])
         return num_new_tokens
+
+    def _copy_out(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """The blocks' KV in the store's dtype (float16 on disk for a float32 engine)."""
+        dtype = self.store.identity.torch_dtype
+        return [to_disk_dtype(layer, dtype) for layer in self.runner.copy_blocks_out(block_ids)]
 
     def _superseded(self, session_id: str | None, hashes: Sequence[BlockHash]) -> str | None:
         """The session's previous checkpoint when this sequence extends it (chain hashes: the block

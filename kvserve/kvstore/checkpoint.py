@@ -35,6 +35,32 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
+DISK_DTYPE_CHOICES = ("auto", *DTYPES)
+FP16_MAX = 65504.0
+
+
+def disk_kv_dtype(requested: str, compute_dtype: str) -> str:
+    """The dtype KV is stored in on disk. "auto": float16 for float32 engines (a restart reads and
+    copies half the bytes; fp16 is llama.cpp's KV type, and the KV differs from the fp32 compute by
+    its rounding only), else the compute dtype (bf16 stays bf16: no saving, and a range risk)."""
+    if requested == "auto":
+        return "float16" if compute_dtype == "float32" else compute_dtype
+    if requested not in DTYPES:
+        raise ValueError(
+            f"unsupported disk KV dtype {requested!r} (choose from {', '.join(DISK_DTYPE_CHOICES)})"
+        )
+    return requested
+
+
+def to_disk_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """KV cast for storage; float16 saturates at its range rather than storing inf."""
+    if kv.dtype == dtype:
+        return kv
+    if dtype == torch.float16 and kv.dtype != torch.bfloat16:
+        kv = kv.clamp(-FP16_MAX, FP16_MAX)
+    return kv.to(dtype)
+
+
 @dataclass(frozen=True)
 class StoreIdentity:
     """What makes stored KV reusable: the same model/cache key and the same KV layout.

@@ -51,6 +51,7 @@ def test_prefix_loaded_from_disk_gives_the_cold_run_tokens(tiny_llama_dir: Path,
     follow_up = base + _prompt(60, 2)
 
     second = make_engine(tiny_llama_dir, kv_store=store)  # a restart over the same directory
+    assert second.disk_tier is not None and second.disk_tier.store.identity.dtype == "float16"  # fp32 engine
     tokens, request = _run(second, follow_up)
     assert request.num_cached_tokens >= 1200 // 16 * 16
     assert second.disk_tier is not None and second.disk_tier.stats().num_hits == 1

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 import pytest
+import torch
 
 from kvserve.chat.render import CHATML_TEMPLATE, ChatRenderer
 from kvserve.cli.engine_args import add_engine_args, add_kv_store_args, engine_config_from_args
@@ -16,6 +17,7 @@ from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.kvstore.cache_dir import default_cache_dir
+from kvserve.kvstore.checkpoint import disk_kv_dtype, to_disk_dtype
 from kvserve.serving.turn_markers import turn_marker_texts
 
 LLAMA3 = (
@@ -118,3 +120,21 @@ def test_anthropic_usage_splits_the_prompt_into_read_written_and_neither() -> No
     )
     assert usage["input_tokens"] == 488 and usage["cache_creation_input_tokens"] == 512
     assert usage_json(Usage(1000, 5, 992))["cache_read_input_tokens"] == 992
+
+
+def test_kv_cache_dtype_flag_and_the_disk_dtype() -> None:
+    assert _config("--kv-cache-dtype", "float32").kv_store.dtype == "float32"  # type: ignore[union-attr]
+    assert disk_kv_dtype("auto", "float32") == "float16"  # half the bytes of a float32 engine's KV
+    assert disk_kv_dtype("auto", "bfloat16") == "bfloat16"
+    assert disk_kv_dtype("float32", "float32") == "float32"
+    with pytest.raises(ValueError, match="unsupported disk KV dtype"):
+        disk_kv_dtype("int8", "float32")
+
+
+def test_to_disk_dtype_saturates_float16() -> None:
+    kv = torch.tensor([1.0e5, -1.0e5, 0.1, 3.0])
+    out = to_disk_dtype(kv, torch.float16)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert out[:2].tolist() == [65504.0, -65504.0]
+    torch.testing.assert_close(out[2:].float(), kv[2:], atol=1e-4, rtol=1e-3)
+    assert to_disk_dtype(kv, torch.float32) is kv
