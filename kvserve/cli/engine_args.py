@@ -131,6 +131,11 @@ def add_kv_store_args(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="KV dtype on disk (auto: float16 for a float32 engine, else the engine's dtype)",
     )
+    g.add_argument(
+        "--no-kv-cache-preload",
+        action="store_true",
+        help="do not read the most recently used checkpoints into RAM at start-up (up to half the pool)",
+    )
     g.add_argument("--no-kv-cache", action="store_true", help="no disk KV tier (RAM prefix cache only)")
 
 
@@ -141,7 +146,10 @@ def kv_store_config_from_args(args: argparse.Namespace) -> KVStoreConfig | None:
         sys.exit("kvserve: --kv-cache-budget-mb must be >= 1")
     directory = args.kv_cache_dir or str(default_cache_dir())
     return KVStoreConfig(
-        directory=directory, budget_mb=args.kv_cache_budget_mb, dtype=getattr(args, "kv_cache_dtype", "auto")
+        directory=directory,
+        budget_mb=args.kv_cache_budget_mb,
+        dtype=args.kv_cache_dtype,
+        preload_fraction=0.0 if args.no_kv_cache_preload else KVStoreConfig.preload_fraction,
     )
 
 

@@ -68,6 +68,12 @@ class EngineCore:
         self.async_scheduling = overlap and tp is None
         self._pending: PendingStep | None = None  # the launched step whose tokens are not read yet
         self.disk_tier = self._open_disk_tier()
+        if (
+            self.disk_tier is not None
+            and config.kv_store is not None
+            and config.kv_store.preload_fraction > 0
+        ):
+            self.disk_tier.preload(config.kv_store.preload_fraction)
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
             self.max_model_len,

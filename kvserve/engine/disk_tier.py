@@ -160,6 +160,65 @@ class DiskTier:
         self._last_frontier[request.request_id] = run.num_tokens
         self._log_source(request, n_ram, run.num_tokens - n_ram, run, time.monotonic() - started)
 
+    def preload(self, max_fraction: float) -> int:
+        """At start-up: the most recently used checkpoints' KV into the RAM pool, as free cached
+        blocks (evictable like any other), up to `max_fraction` of the pool's free blocks. A restart's
+        first request then finds its prefix in RAM instead of waiting for the disk read. Returns the
+        number of tokens loaded."""
+        started = time.monotonic()
+        budget = int(self.kv.pool.num_free_blocks * max_fraction)
+        checkpoints = sorted(self.store.checkpoints(), key=lambda c: c.meta.last_used, reverse=True)
+        loaded_tokens = loaded_checkpoints = 0
+        for checkpoint in checkpoints:
+            try:
+                n = self._preload_one(checkpoint.checkpoint_id, budget)
+            except (OSError, sqlite3.Error) as error:  # unreadable: the first request prefills instead
+                logger.warning("disk KV cache: preload failed: %s", error)
+                break
+            if n is None:
+                break  # the pool budget is spent
+            budget -= n // self.block_size
+            loaded_tokens += n
+            loaded_checkpoints += n > 0
+        if loaded_tokens:
+            logger.info(
+                "disk KV cache: preloaded %d tokens of %d checkpoint(s) into RAM (%.0f ms)",
+                loaded_tokens,
+                loaded_checkpoints,
+                (time.monotonic() - started) * 1000,
+            )
+        return loaded_tokens
+
+    def _preload_one(self, checkpoint_id: str, budget_blocks: int) -> int | None:
+        """Tokens of this checkpoint newly loaded into RAM (0: nothing to add), None: over budget."""
+        token_ids = self.store.token_ids(checkpoint_id)
+        if token_ids is None:
+            return 0
+        hashes = compute_block_hashes(token_ids, self.block_size, self.kv.extra_key)
+        run = self.store.lookup_by_block_hashes(hashes)
+        if run is None:
+            return 0
+        num_blocks = run.num_tokens // self.block_size
+        ram: list[Block] = []  # a prefix already in RAM (shared with a checkpoint loaded before)
+        while len(ram) < num_blocks and (block := self.kv.lookup(hashes[len(ram)])) is not None:
+            ram.append(block)
+        n_ram = len(ram) * self.block_size
+        if len(ram) == num_blocks:
+            return 0
+        if num_blocks - len(ram) > budget_blocks:
+            return None
+        blocks = self.kv.load_cached_blocks(hashes[len(ram) : num_blocks], ram)
+        if blocks is None:
+            return None
+        spans = tuple(span for span in run.chunks if span.end > n_ram)
+        loaded = self.store.load_run(ChunkRun(spans, run.checkpoint_ids))
+        offset = n_ram - spans[0].start
+        if loaded is None or list(loaded.token_ids[offset:]) != token_ids[n_ram : run.num_tokens]:
+            self._forget(blocks)
+            return 0
+        self.runner.copy_blocks_in([b.block_id for b in blocks], [layer[:, offset:] for layer in loaded.kv])
+        return run.num_tokens - n_ram
+
     def _forget(self, blocks: list[Block]) -> None:
         """Unregister blocks whose KV could not be filled: nothing must find them."""
         for block in blocks:

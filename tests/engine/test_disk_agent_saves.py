@@ -26,7 +26,8 @@ def _tokens(n: int, seed: int) -> list[int]:
 
 
 def _engine(model: Path, directory: Path) -> EngineCore:
-    engine = make_engine(model, kv_store=KVStoreConfig(directory=str(directory)))
+    # No start-up preload: these tests read the request-time disk hits.
+    engine = make_engine(model, kv_store=KVStoreConfig(directory=str(directory), preload_fraction=0.0))
     assert engine.disk_tier is not None
     engine.disk_tier.turn_markers = (USER, ASSISTANT)
     return engine

@@ -26,7 +26,7 @@ def _prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(n)]
 
 
-def _store_config(directory: Path, **overrides: int) -> KVStoreConfig:
+def _store_config(directory: Path, **overrides: float) -> KVStoreConfig:
     return KVStoreConfig(directory=str(directory), **overrides)  # type: ignore[arg-type]
 
 
@@ -43,7 +43,7 @@ def _reasons(engine: EngineCore) -> list[str]:
 
 
 def test_prefix_loaded_from_disk_gives_the_cold_run_tokens(tiny_llama_dir: Path, tmp_path: Path) -> None:
-    store = _store_config(tmp_path / "kv")
+    store = _store_config(tmp_path / "kv", preload_fraction=0.0)  # the request's own disk load
     first = make_engine(tiny_llama_dir, kv_store=store)
     base = _prompt(1200, 1)
     _run(first, base)
@@ -59,6 +59,32 @@ def test_prefix_loaded_from_disk_gives_the_cold_run_tokens(tiny_llama_dir: Path,
     assert cold_request.num_cached_tokens == 0
     assert tokens == cold
     second.shutdown()
+
+
+def test_restart_preloads_the_latest_checkpoint_into_ram(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """At start-up the stored KV goes into the RAM pool: the first request after a restart hits RAM
+    (no disk load on its path) and still gives the cold run's tokens."""
+    store = _store_config(tmp_path / "kv")
+    first = make_engine(tiny_llama_dir, kv_store=store)
+    base = _prompt(1200, 3)
+    _run(first, base)
+    first.shutdown()
+
+    second = make_engine(tiny_llama_dir, kv_store=store)
+    assert second.disk_tier is not None
+    preloaded = second.kv_manager.pool.num_cached_blocks
+    assert preloaded * 16 >= 1200 // 256 * 256  # whole chunks of the shutdown checkpoint
+    follow_up = base + _prompt(60, 4)
+    tokens, request = _run(second, follow_up)
+    assert request.num_cached_tokens >= 1200 // 256 * 256
+    assert second.disk_tier.stats().num_hits == 0  # found in RAM
+    assert tokens == _run(make_engine(tiny_llama_dir), follow_up)[0]
+    second.shutdown()
+
+    budget = _store_config(tmp_path / "kv", preload_fraction=1e-6)  # too small for any checkpoint
+    third = make_engine(tiny_llama_dir, kv_store=budget)
+    assert third.kv_manager.pool.num_cached_blocks == 0
+    third.shutdown()
 
 
 def test_rope_scaling_is_part_of_the_cache_identity(tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -108,7 +108,7 @@ def test_tp2_gives_the_tp1_tokens_on_a_tiny_qwen3(tiny_qwen3_dir: Path) -> None:
 def test_a_tp2_disk_checkpoint_reloads_at_tp2_and_is_not_used_at_tp1(
     tiny_llama_dir: Path, tmp_path: Path
 ) -> None:
-    store = KVStoreConfig(directory=str(tmp_path / "kv"))
+    store = KVStoreConfig(directory=str(tmp_path / "kv"), preload_fraction=0.0)  # the request's disk load
     base = _prompt(1200, 1)
     follow_up = base + _prompt(40, 2)
     with _engine(tiny_llama_dir, tp=1) as engine:  # tied embeddings: the LM head is the embedding shard
