@@ -36,3 +36,32 @@ def test_changed_sources_build_in_a_new_folder(tmp_path: Path, monkeypatch: pyte
     old, _, _ = cpu_ext._build_folders(_checkout(tmp_path / "one", "int f();\n"))
     new, src, _ = cpu_ext._build_folders(_checkout(tmp_path / "two", "int g();\n"))
     assert old != new and (src / "a.cpp").read_text() == "int g();\n"
+
+
+def test_a_lock_left_by_a_killed_build_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    _, _, build = cpu_ext._build_folders(_checkout(tmp_path / "one", "int f();\n"))
+    (build / "lock").write_text("")  # what torch's FileBaton leaves when its process is killed
+    with cpu_ext._build_lock(build):
+        assert not (build / "lock").exists()
+
+
+def test_a_second_builder_waits_for_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    _, _, build = cpu_ext._build_folders(_checkout(tmp_path / "one", "int f();\n"))
+    waiter = (
+        "import sys, time; from pathlib import Path; from kvserve.models.layers import cpu_ext\n"
+        "start = time.monotonic()\n"
+        "with cpu_ext._build_lock(Path(sys.argv[1])): print(time.monotonic() - start)\n"
+    )
+    with cpu_ext._build_lock(build):
+        other = subprocess.Popen(
+            [sys.executable, "-c", waiter, str(build)], stdout=subprocess.PIPE, text=True
+        )
+        time.sleep(1.5)
+    waited = float(other.communicate(timeout=60)[0])
+    assert waited >= 1.0

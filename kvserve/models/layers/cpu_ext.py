@@ -8,12 +8,15 @@ keep their torch paths. `KVSERVE_CPU_KERNELS=0` turns the kernels off (for A/B m
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +49,15 @@ def load() -> Any | None:
     _put_ninja_on_path()
     try:
         name, src, build = _build_folders(Path(__file__).with_name("csrc"))
-        return cpp_extension.load(
-            name=name,
-            sources=[str(src / file) for file in _SOURCES],
-            extra_include_paths=[str(src)],
-            extra_cflags=list(_CFLAGS),
-            build_directory=str(build),
-            verbose=False,
-        )
+        with _build_lock(build):
+            return cpp_extension.load(
+                name=name,
+                sources=[str(src / file) for file in _SOURCES],
+                extra_include_paths=[str(src)],
+                extra_cflags=list(_CFLAGS),
+                build_directory=str(build),
+                verbose=False,
+            )
     except Exception:  # a missing compiler or headers must not take the engine down
         logger.exception("building the CPU decode kernels failed; using the torch paths")
         return None
@@ -89,6 +93,24 @@ def _build_folders(csrc: Path) -> tuple[str, Path, Path]:
         except OSError:  # another process got there first with the same content
             shutil.rmtree(staging, ignore_errors=True)
     return name, src, _made(build)
+
+
+@contextlib.contextmanager
+def _build_lock(build: Path) -> Iterator[None]:
+    """Hold an flock on the build folder while torch builds or loads in it.
+
+    torch's own lock is a plain file (`build/lock`) that a process killed mid-build (a server stopped
+    during its first start, a test's start deadline) leaves behind, and every later start then waits
+    on it forever. The kernel releases an flock when its holder dies, and every build here runs under
+    this one, so a `lock` file found while holding it is such a leftover and is removed.
+    """
+    with open(build.parent / "build.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (build / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _made(path: Path) -> Path:
