@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvserve.cli.engine_args import (
     add_engine_args,
     add_kv_store_args,
-    build_engine,
     engine_config_from_args,
 )
+from kvserve.engine.process_client import EngineStartError
 from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
+
+EngineClient = Any  # AsyncEngineClient | ProcessEngineClient: generate, abort, shutdown
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from kvserve.engine.client import AsyncEngineClient
     from kvserve.engine.core import EngineCore
     from kvserve.serving.engine_stats import EngineStats
 
@@ -90,6 +90,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="sampling temperature of requests that send none (Claude Code and Codex never do; "
         "default 1.0, the APIs' own default; 0 = greedy)",
     )
+    g.add_argument(
+        "--engine-process",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="run the engine in a process of its own, the HTTP front end in this one (auto: on for "
+        "CUDA, where the event loop and the engine thread would share one GIL; off for CPU and TP)",
+    )
     add_engine_args(p)
     add_kv_store_args(p)
 
@@ -132,12 +139,11 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
+def build_app(args: argparse.Namespace) -> tuple[FastAPI, EngineClient]:
     """Everything `run` serves, from the flags: --chdir first, then the model, engine and app."""
     from kvserve.api.app import create_app
     from kvserve.api.settings import ApiSettings
-    from kvserve.cli import console_sources
-    from kvserve.engine.client import AsyncEngineClient
+    from kvserve.cli.engine_host import start_engine, wants_engine_process
     from kvserve.serving.chat_service import ChatService
     from kvserve.serving.live_sequences import LiveSequences
     from kvserve.serving.response_store import ResponseStore
@@ -151,31 +157,38 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
             os.chdir(args.chdir)
         except OSError as error:
             sys.exit(f"kvserve: --chdir {args.chdir}: {error.strerror}")
-    core = build_engine(engine_config_from_args(args))
-    engine = AsyncEngineClient(core)
+    config = engine_config_from_args(args)
+    separate = wants_engine_process(getattr(args, "engine_process", "auto"), config)
+    try:
+        handle = start_engine(config, separate)
+    except EngineStartError as error:
+        sys.exit(f"kvserve: {error}")
+    if separate:
+        logger.info("engine: in its own process (--engine-process)")
+    engine = handle.client
     model_name = args.served_model_name or Path(args.model).stem
-    syntax = OutputSyntax.detect(core.loaded.tokenizer.chat_template, args.tool_parser)
+    syntax = OutputSyntax.detect(handle.tokenizer.chat_template, args.tool_parser)
     logger.info("model output: %s", syntax.describe())
     if args.disable_exact_tool_replay:
         logger.info("exact tool replay is off: history tool calls render canonically from their JSON")
     service = ChatService(
         engine,
-        core.loaded.tokenizer,
-        core.max_model_len,
+        handle.tokenizer,
+        handle.max_model_len,
         model_name,
         segmenter_factory=syntax.segmenter,
         tool_memory=None if args.disable_exact_tool_replay else ToolReplayMemory(),
         live_sequences=LiveSequences(),
         tool_syntax=syntax.tool_parser,
-        vocab_size=core.loaded.arch.vocab_size,
+        vocab_size=handle.vocab_size,
         reasoning_syntax=syntax.reasoning,
-        prompt_prefix=core.disk_tier.text_prefix if core.disk_tier is not None else None,
+        prompt_prefix=handle.text_prefix,
         max_tokens_limit=args.max_tokens_limit,
         default_temperature=args.default_temperature,
     )
-    if core.disk_tier is not None:
+    if handle.disk_dir is not None:
         tokenize = functools.partial(service.tokenize, add_special_tokens=False)
-        core.disk_tier.turn_markers = turn_markers(service.renderer, tokenize)
+        handle.set_turn_markers(turn_markers(service.renderer, tokenize))
     settings = ApiSettings(
         served_model_name=model_name,
         api_key=args.api_key,
@@ -183,27 +196,27 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, AsyncEngineClient]:
         max_body_bytes=args.max_body_mb * 2**20,
     )
     store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
-    console_sources.feed_prompt_sources(core, service.recorder)
+    handle.feed_prompt_sources(service.recorder)
     app = create_app(
         service,
         settings,
         response_store=store,
-        engine_stats=lambda: _engine_stats(core),
-        cache_view=console_sources.cache_source(core),
-        checkpoint_tokens=lambda checkpoint_id: console_sources.checkpoint_tokens(core, checkpoint_id),
+        engine_stats=handle.engine_stats,
+        cache_view=handle.cache_view,
+        checkpoint_tokens=handle.checkpoint_tokens,
     )
     app.state.closers = []
-    if core.disk_tier is not None and service.tool_memory is not None:
+    if handle.disk_dir is not None and service.tool_memory is not None:
         # Exact replay after a restart needs the sampled call text beside the restored checkpoints
         # (in the model's own subdirectory: another model's server never overwrites it).
-        memory_file = ToolMemoryFile(core.disk_tier.store.directory, service.tool_memory)
+        memory_file = ToolMemoryFile(handle.disk_dir, service.tool_memory)
         memory_file.load()
         memory_file.start()
         app.state.closers.append(memory_file.close)
     return app, engine
 
 
-def close_server(app: FastAPI, engine: AsyncEngineClient) -> None:
+def close_server(app: FastAPI, engine: EngineClient) -> None:
     """The clean shutdown of what `build_app` built: its savers, then the engine (whose disk tier
     writes the shutdown checkpoints)."""
     for close in getattr(app.state, "closers", ()):
@@ -233,14 +246,6 @@ def _data_dir(flag: str | None) -> Path:
 
 
 def _engine_stats(core: EngineCore) -> EngineStats:
-    """Read from the HTTP thread while the engine thread runs: plain int/float reads, fine for metrics."""
-    from kvserve.serving.engine_stats import DiskCacheStats, EngineStats
+    from kvserve.cli.engine_host import engine_stats
 
-    disk = core.disk_tier.stats() if core.disk_tier is not None else None
-    return EngineStats(
-        core.scheduler.num_running,
-        core.scheduler.num_waiting,
-        core.kv_manager.usage,
-        core.kv_manager.stats.hit_rate,
-        disk=None if disk is None else DiskCacheStats(*dataclasses.astuple(disk)),
-    )
+    return engine_stats(core)

@@ -14,7 +14,7 @@ from typing import Any
 
 import llguidance
 
-from kvserve.grammar.constraint import GrammarConstraint, StructureTracker
+from kvserve.grammar.constraint import ConstraintRecipe, GrammarConstraint, StructureTracker
 
 DEFAULT_MAX_CACHED = 128
 
@@ -85,6 +85,28 @@ class GrammarCompiler:
             while len(self._cache) > self._max_cached:
                 self._cache.popitem(last=False)
         return matcher
+
+
+class RecipeBuilder:
+    """Constraints from their recipes, against a model's tokenizer: the engine process's side of a
+    constraint the API front end prepared (and validated) with its own compiler."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        self.compiler = GrammarCompiler(tokenizer_factory(tokenizer, vocab_size, eos_token_ids))
+
+    def build(self, recipe: ConstraintRecipe) -> GrammarConstraint:
+        from kvserve.grammar.structure import structure_tracker
+
+        tracker = None
+        if recipe.tracker_syntax is not None:
+            llg = self.compiler.tokenizer
+            tracker = structure_tracker(recipe.tracker_syntax, lambda token_id: llg.decode_bytes([token_id]))
+        if recipe.lark is None:
+            constraint = GrammarConstraint(None, tracker)
+        else:
+            constraint = self.compiler.constraint(recipe.lark, tracker)
+        constraint.recipe = recipe
+        return constraint
 
 
 def _compile(tokenizer: llguidance.LLTokenizer, lark: str) -> llguidance.LLMatcher:

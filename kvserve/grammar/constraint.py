@@ -8,6 +8,7 @@ without a matcher only tracks structure: `tool_choice: "auto"` masks nothing.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Protocol
 
 import llguidance
@@ -24,7 +25,19 @@ class StructureTracker(Protocol):
     def reset(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class ConstraintRecipe:
+    """How to build a constraint again elsewhere (the engine process, `engine/process_client.py`):
+    the Lark grammar (None: no mask) and the tool syntax whose markup is greedy (None: no tracker).
+    Built against the same tokenizer, it is the same constraint."""
+
+    lark: str | None
+    tracker_syntax: str | None = None
+
+
 class GrammarConstraint:
+    recipe: ConstraintRecipe | None = None  # set by whoever knows how it was made
+
     def __init__(
         self,
         matcher: llguidance.LLMatcher | None,

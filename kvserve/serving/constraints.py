@@ -17,7 +17,7 @@ import logging
 
 from kvserve.chat.conversation import ChatRequest, JsonFormat, NamedToolChoice, TextRequest, ToolSpec
 from kvserve.grammar.compiler import GrammarCompiler, GrammarError
-from kvserve.grammar.constraint import GrammarConstraint
+from kvserve.grammar.constraint import ConstraintRecipe, GrammarConstraint
 from kvserve.grammar.json_format import json_grammar
 from kvserve.grammar.lark import with_reasoning
 from kvserve.grammar.structure import StructureTracker, structure_tracker
@@ -58,7 +58,11 @@ class DecodingConstraints:
             return self._compile(lark, "response_format")
         if request.active_tools and request.options.sampling.temperature != 0:
             tracker = self._tracker()  # a greedy request is greedy everywhere already
-            return None if tracker is None else GrammarConstraint(None, tracker)
+            if tracker is None:
+                return None
+            constraint = GrammarConstraint(None, tracker)
+            constraint.recipe = ConstraintRecipe(None, self.tool_syntax)
+            return constraint
         return None
 
     def for_text(self, request: TextRequest) -> TokenConstraint | None:
@@ -69,10 +73,12 @@ class DecodingConstraints:
 
     def _compile(self, lark: str, param: str, tracker: StructureTracker | None = None) -> TokenConstraint:
         try:
-            return self.compiler.constraint(lark, tracker)
+            constraint = self.compiler.constraint(lark, tracker)
         except GrammarError as error:
             what = "JSON schema" if param == "response_format" else "tool parameter schema"
             raise RequestError(f"{param}: invalid {what}: {error}", param=param) from error
+        constraint.recipe = ConstraintRecipe(lark, None if tracker is None else self.tool_syntax)
+        return constraint
 
     def _after_reasoning(self, lark: str, request: ChatRequest, prompt: str) -> str:
         syntax = self.reasoning

@@ -1,0 +1,171 @@
+"""Where `kvserve serve` runs the engine: in this process (an engine thread) or in a process of its
+own (`engine.process_client`, the default on CUDA: issue 21). Either way the server gets one
+`EngineHandle`: the engine client `ChatService` drives, what the front end needs of the loaded model
+(tokenizer, context, vocabulary, disk-tier directory), and the web console's and /metrics' sources,
+which in the process case are queries answered by the engine process (`answer_query`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvserve.cli import console_sources
+from kvserve.serving.cache_view import CacheView
+from kvserve.serving.engine_stats import EngineStats
+from kvserve.serving.request_recorder import PromptSource, RequestRecorder
+
+if TYPE_CHECKING:
+    from kvserve.config import EngineConfig
+    from kvserve.engine.core import EngineCore
+    from kvserve.models.loaded import TokenizerInfo
+
+logger = logging.getLogger(__name__)
+
+TurnMarkers = tuple[Sequence[int], Sequence[int]]
+
+
+@dataclass
+class EngineHandle:
+    client: Any  # AsyncEngineClient | ProcessEngineClient (serving.engine_protocol.EngineClientProtocol)
+    tokenizer: TokenizerInfo
+    max_model_len: int
+    vocab_size: int
+    disk_dir: Path | None  # the disk tier's directory; None without one
+    text_prefix: Callable[[str], tuple[list[int], int] | None] | None
+    set_turn_markers: Callable[[TurnMarkers], None]
+    feed_prompt_sources: Callable[[RequestRecorder], None]
+    engine_stats: Callable[[], EngineStats]
+    cache_view: Callable[[], CacheView]
+    checkpoint_tokens: Callable[[str], Sequence[int] | None]
+    in_process: bool
+
+    def shutdown(self) -> None:
+        self.client.shutdown()
+
+
+def wants_engine_process(flag: str, config: EngineConfig) -> bool:
+    """`--engine-process auto`: on for CUDA (the GIL is the bound there), off for CPU (whose step
+    dwarfs the serving path's host cost) and for tensor parallelism (its ranks are the engine's
+    own child processes)."""
+    if flag != "auto":
+        return flag == "on"
+    if config.tensor_parallel_size > 1:
+        return False
+    device = config.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return device.startswith("cuda")
+
+
+def start_engine(config: EngineConfig, separate_process: bool) -> EngineHandle:
+    if separate_process:
+        return _process_handle(functools.partial(build_warm_engine, config))
+    return _thread_handle(build_warm_engine(config))
+
+
+def build_warm_engine(config: EngineConfig) -> EngineCore:
+    """The engine, with Triton's kernels compiled for a server's first batches on CUDA (warmup.py)."""
+    from kvserve.cli.engine_args import build_engine
+    from kvserve.engine.warmup import warm_up
+
+    core = build_engine(config)
+    warm_up(core)
+    return core
+
+
+def _thread_handle(core: EngineCore) -> EngineHandle:
+    from kvserve.engine.client import AsyncEngineClient
+
+    disk = core.disk_tier
+
+    def set_turn_markers(markers: TurnMarkers) -> None:
+        if disk is not None:
+            disk.turn_markers = markers
+
+    return EngineHandle(
+        client=AsyncEngineClient(core),
+        tokenizer=core.loaded.tokenizer,
+        max_model_len=core.max_model_len,
+        vocab_size=core.loaded.arch.vocab_size,
+        disk_dir=None if disk is None else Path(disk.store.directory),
+        text_prefix=None if disk is None else disk.text_prefix,
+        set_turn_markers=set_turn_markers,
+        feed_prompt_sources=lambda recorder: console_sources.feed_prompt_sources(core, recorder),
+        engine_stats=lambda: engine_stats(core),
+        cache_view=console_sources.cache_source(core),
+        checkpoint_tokens=lambda checkpoint_id: console_sources.checkpoint_tokens(core, checkpoint_id),
+        in_process=True,
+    )
+
+
+def _process_handle(build: Callable[[], EngineCore]) -> EngineHandle:
+    from kvserve.engine.process_client import ProcessEngineClient
+
+    client = ProcessEngineClient(build, answer_query)
+    info = client.info
+
+    def feed(recorder: RequestRecorder) -> None:
+        def on_source(request_id: str, num_ram: int, num_disk: int, checkpoint_id: str | None) -> None:
+            recorder.note_source(request_id, PromptSource(num_ram, num_disk, checkpoint_id))
+
+        client.on_source = on_source
+
+    has_disk = info.disk_dir is not None
+    return EngineHandle(
+        client=client,
+        tokenizer=info.tokenizer,
+        max_model_len=info.max_model_len,
+        vocab_size=info.vocab_size,
+        disk_dir=Path(info.disk_dir) if has_disk else None,
+        text_prefix=(lambda text: client.query("text_prefix", text)) if has_disk else None,
+        set_turn_markers=lambda markers: client.query("turn_markers", markers) if has_disk else None,
+        feed_prompt_sources=feed,
+        engine_stats=lambda: client.query("stats"),
+        cache_view=lambda: client.query("cache_view"),
+        checkpoint_tokens=lambda checkpoint_id: client.query("checkpoint_tokens", checkpoint_id),
+        in_process=False,
+    )
+
+
+def engine_stats(core: EngineCore) -> EngineStats:
+    """Read off the engine thread while it runs: plain int/float reads, fine for metrics."""
+    from kvserve.serving.engine_stats import DiskCacheStats
+
+    disk = core.disk_tier.stats() if core.disk_tier is not None else None
+    return EngineStats(
+        core.scheduler.num_running,
+        core.scheduler.num_waiting,
+        core.kv_manager.usage,
+        core.kv_manager.stats.hit_rate,
+        disk=None if disk is None else DiskCacheStats(*dataclasses.astuple(disk)),
+    )
+
+
+_cache_sources: dict[int, Callable[[], CacheView]] = {}
+
+
+def answer_query(core: EngineCore, name: str, args: tuple[Any, ...]) -> Any:
+    """The engine process's side of `EngineHandle`'s sources (on a query thread of its own)."""
+    disk = core.disk_tier
+    if name == "stats":
+        return engine_stats(core)
+    if name == "cache_view":
+        if id(core) not in _cache_sources:  # one DiskViewCache for the engine's life
+            _cache_sources[id(core)] = console_sources.cache_source(core)
+        return _cache_sources[id(core)]()
+    if name == "checkpoint_tokens":
+        return console_sources.checkpoint_tokens(core, args[0])
+    if name == "text_prefix":
+        return None if disk is None else disk.text_prefix(args[0])
+    if name == "turn_markers":
+        if disk is not None:
+            disk.turn_markers = args[0]
+        return None
+    raise LookupError(f"unknown engine query {name!r}")

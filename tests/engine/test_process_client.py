@@ -1,0 +1,196 @@
+"""ProcessEngineClient: the engine in a child process behind the engine-client interface (issue 21).
+
+One child serves the module (a spawn imports torch: seconds); the tiny model's greedy tokens through
+the process equal the in-process engine's."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+
+import pytest
+
+from kvserve.engine import ipc
+from kvserve.engine.client import AsyncEngineClient, EngineDeadError
+from kvserve.engine.core import PromptTooLongError
+from kvserve.engine.outputs import EngineOutput
+from kvserve.engine.process_client import EngineStartError, ProcessEngineClient
+from kvserve.engine.request import FinishReason, Logprob
+from kvserve.engine.sampling_params import SamplingParams
+from kvserve.grammar.constraint import ConstraintRecipe
+from tests.engine.conftest import make_engine
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+def _answer(core, name: str, args: tuple) -> object:
+    if name == "running":
+        return core.scheduler.num_running
+    if name == "echo":
+        return args
+    if name == "fail":
+        raise KeyError("nope")
+    if name == "crash":
+        import os
+
+        os._exit(3)
+    raise LookupError(name)
+
+
+def _no_model() -> None:
+    raise SystemExit("kvserve: no such model")
+
+
+@pytest.fixture(scope="module")
+def client(tiny_llama_dir: Path):
+    client = ProcessEngineClient(functools.partial(make_engine, tiny_llama_dir), _answer, start_timeout=120)
+    yield client
+    client.shutdown()
+
+
+async def _collect(client, request_id: str, prompt: list[int], params: SamplingParams = GREEDY):
+    return [o async for o in client.generate(request_id, prompt, params)]
+
+
+def test_outputs_cross_the_wire_unchanged() -> None:
+    outputs = [
+        EngineOutput("a", (5, 6), num_prompt_tokens=20, num_cached_tokens=16),
+        EngineOutput("b", (), num_prompt_tokens=9, num_computed_tokens=4),
+        EngineOutput(
+            "c",
+            (7,),
+            (Logprob(7, -0.5, ((7, -0.5), (3, -2.0))),),
+            FinishReason.ERROR,
+            3,
+            0,
+            0,
+            "rejected",
+            256,
+        ),
+    ]
+    wire = ipc.loads(ipc.dumps(("out", ipc.encode_outputs(outputs))))
+    assert [ipc.decode_output(item) for item in wire[1]] == outputs
+    assert len(wire[1][0]) == 4  # a plain decode output is a 4-tuple
+
+
+async def test_streams_match_the_in_process_engine(client: ProcessEngineClient, tiny_llama_dir: Path) -> None:
+    prompts = [[1 + i, 2, 3, 4 + i] * 5 for i in range(6)]
+    remote = await asyncio.gather(*(_collect(client, f"p{i}", p) for i, p in enumerate(prompts)))
+    local_client = AsyncEngineClient(make_engine(tiny_llama_dir))
+    try:
+        local = await asyncio.gather(*(_collect(local_client, f"l{i}", p) for i, p in enumerate(prompts)))
+    finally:
+        local_client.shutdown()
+    for there, here in zip(remote, local, strict=True):
+        assert [t for o in there for t in o.new_token_ids] == [t for o in here for t in o.new_token_ids]
+        assert there[-1].finish_reason == FinishReason.LENGTH and there[-1].num_prompt_tokens == 20
+        assert not any(o.finished for o in there[:-1])
+
+
+async def test_engine_errors_reach_the_caller(client: ProcessEngineClient) -> None:
+    with pytest.raises(PromptTooLongError):
+        await _collect(client, "huge", [1] * 5000)
+    with pytest.raises(ValueError, match="token ids"):
+        await _collect(client, "bad", [10**6])
+    with pytest.raises(ValueError, match="recipe"):
+        await _collect_constrained(client, object())
+    assert client.is_running
+    assert len(await _collect(client, "after", [1, 2, 3])) >= 1
+
+
+async def _collect_constrained(client: ProcessEngineClient, constraint: object) -> None:
+    async for _ in client.generate("c", [1, 2], GREEDY, constraint=constraint):  # type: ignore[arg-type]
+        pass
+
+
+async def test_a_consumer_that_leaves_aborts_the_request(client: ProcessEngineClient) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
+    stream = client.generate("long", list(range(1, 200)), params)
+    async for output in stream:
+        if output.new_token_ids:
+            break  # like a disconnected HTTP client
+    await stream.aclose()
+    for _ in range(200):
+        if await asyncio.to_thread(client.query, "running") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert client.query("running") == 0
+
+
+def test_queries_answer_and_fail_in_the_caller(client: ProcessEngineClient) -> None:
+    assert client.query("echo", 1, "two") == (1, "two")
+    with pytest.raises(KeyError):
+        client.query("fail")
+    with pytest.raises(LookupError):
+        client.query("unknown")
+    assert client.info.max_model_len == 2048 and client.info.disk_dir is None
+
+
+def test_a_recipe_rebuilds_the_constraint() -> None:
+    from kvserve.grammar.compiler import RecipeBuilder
+
+    tokens = [bytes([i]) for i in range(256)]
+
+    class ByteTokenizer:  # llguidance's TokenizerWrapper protocol
+        eos_token_id = 0
+        bos_token_id = None
+
+        def __init__(self) -> None:
+            self.tokens = tokens
+
+        def __call__(self, text: str) -> list[int]:
+            return list(text.encode())
+
+    builder = RecipeBuilder(ByteTokenizer(), 256, (0,))
+    recipe = ConstraintRecipe('start: "ab"', None)
+    constraint = builder.build(ipc.loads(ipc.dumps((recipe,)))[0])
+    assert constraint.recipe == recipe and constraint.is_masking
+    assert constraint.accept_token(ord("a")) and not constraint.accept_token(ord("x"))
+
+
+def test_a_model_that_cannot_load_fails_the_start() -> None:
+    with pytest.raises(EngineStartError, match="no such model"):
+        ProcessEngineClient(_no_model, start_timeout=120)
+
+
+async def test_a_dead_engine_fails_streams_and_new_requests(tiny_llama_dir: Path) -> None:
+    client = ProcessEngineClient(functools.partial(make_engine, tiny_llama_dir), _answer, start_timeout=120)
+    try:
+        with pytest.raises(EngineDeadError):
+            client.query("crash", timeout=30)
+        for _ in range(100):
+            if not client.is_running:
+                break
+            await asyncio.sleep(0.05)
+        assert not client.is_running
+        with pytest.raises(EngineDeadError):
+            await _collect(client, "x", [1, 2, 3])
+    finally:
+        client.shutdown()
+
+
+def test_warm_up_leaves_no_trace(tiny_llama_dir: Path) -> None:
+    from kvserve.engine.warmup import warm_up
+
+    core = make_engine(tiny_llama_dir)
+    free = core.kv_manager.num_free_blocks
+    warm_up(core)  # CPU: nothing to compile, nothing run
+    assert core.kv_manager.stats.num_requests == 0
+    warm_up(core, force=True)
+    assert not core.has_unfinished_requests() and core.kv_manager.num_free_blocks == free
+    assert core.kv_manager.pool.num_cached_blocks == 0 and core.kv_manager.stats.num_requests == 0
+
+
+def test_steps_that_piled_up_leave_as_one_output_per_request() -> None:
+    from kvserve.engine.process_client import coalesce
+
+    steps = [
+        [EngineOutput("a", (1,)), EngineOutput("b", (), num_computed_tokens=8)],
+        [EngineOutput("a", (2,)), EngineOutput("b", (5,), num_cached_tokens=4)],
+        [EngineOutput("a", (3,), finish_reason=FinishReason.LENGTH)],
+    ]
+    merged = coalesce(steps)
+    assert [(o.request_id, o.new_token_ids) for o in merged] == [("a", (1, 2, 3)), ("b", (5,))]
+    assert merged[0].finished and merged[1].num_cached_tokens == 4
+    assert coalesce(steps[:1]) is steps[0]
