@@ -59,6 +59,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.kv = kv_manager
         self.max_model_len = max_model_len
+        # The pool never changes size: read per sampled token (token_limit), so computed once.
+        self._engine_token_limit = min(max_model_len, kv_manager.max_num_tokens)
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Request] = deque()
         # NOTE: in arrival order, since admission is FCFS and the preempted re-enter at the head
@@ -102,10 +104,9 @@ class Scheduler:
     def token_limit(self, request: Request) -> int:
         """Most tokens (prompt + output) the request may reach: the context limit, and the
         pool size, so that any request fits alone and preemption can never deadlock."""
-        limits = [self.max_model_len, self.kv.max_num_tokens]
-        if request.max_model_len is not None:
-            limits.append(request.max_model_len)
-        return min(limits)
+        limit = self._engine_token_limit
+        own = request.max_model_len
+        return limit if own is None or own >= limit else own
 
     def schedule(self) -> SchedulerOutput:
         aborted = self._apply_aborts()
