@@ -111,6 +111,8 @@ def bench_serve(model: Path, concurrency: int, args: argparse.Namespace) -> dict
         str(min(args.client_procs, concurrency)),
     ]
     command += ["--out", str(args.out), "--name", name, "--no-progress"]
+    if not args.logit_bias_eos:  # plain greedy requests, as `bench engine` runs them (overlapped decode)
+        command.append("--ignore-eos")
     print("bench:", " ".join(command[1:]), flush=True)
     subprocess.run(command, check=True)
     summary = json.loads((args.out / f"{name}.json").read_text())["summary"]
@@ -118,8 +120,9 @@ def bench_serve(model: Path, concurrency: int, args: argparse.Namespace) -> dict
 
 
 def profile(pid: int, concurrency: int, args: argparse.Namespace) -> threading.Thread | None:
-    """py-spy over the server once half of `concurrency` streams are in flight (the client's setup
-    takes seconds), GIL holders only (`--gil`): what the engine thread and the event loop each take."""
+    """py-spy over the server (and its engine process) once half of `concurrency` streams are in
+    flight (the client's setup takes seconds), GIL holders only (`--gil`): what the engine and the
+    event loop each take."""
     if shutil.which("py-spy") is None:
         print("py-spy not found: no profile", flush=True)
         return None
@@ -131,6 +134,7 @@ def profile(pid: int, concurrency: int, args: argparse.Namespace) -> threading.T
         str(pid),
         "--threads",
         "--gil",
+        "--subprocesses",  # the engine process too (--engine-process)
         "--nonblocking",
         "--format",
         "raw",
@@ -177,17 +181,48 @@ def bench_engine(model: Path, args: argparse.Namespace) -> dict[int, float]:
     return {int(c): v for c, v in json.loads(path.read_text())["kvserve"]["decode_tok_s"].items()}
 
 
-def report(served: dict[int, dict[str, float]], engine: dict[int, float], out: Path) -> None:
+def bench_workload(model: Path, args: argparse.Namespace) -> dict[int, dict[str, float]]:
+    """The engine alone on the same workload (scripts/engine_workload_bench.py): prefill included."""
+    path = args.out / "engine-workload.json"
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("engine_workload_bench.py")),
+        "--model",
+        str(model),
+    ]
+    command += ["--device", args.device, "--ctx", str(args.ctx), "--concurrency", args.concurrency]
+    command += ["--waves", str(args.waves), "--min-prompts", str(args.min_prompts), "--json", str(path)]
+    command += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    print("engine workload:", " ".join(command[1:]), flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return {int(c): v for c, v in json.loads(path.read_text()).items()}
+
+
+def report(
+    served: dict[int, dict[str, float]],
+    engine: dict[int, float],
+    out: Path,
+    workload: dict[int, dict[str, float]] | None = None,
+) -> None:
+    workload = workload or {}
     lines = [
-        "| concurrency | HTTP output tok/s | engine decode tok/s | ratio | median TTFT ms | median ITL ms |",
-        "|---|---:|---:|---:|---:|---:|",
+        (
+            "| concurrency | HTTP output tok/s | engine decode tok/s | ratio | engine, same workload tok/s "
+            "| ratio | median TTFT ms (engine alone) | median ITL ms |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c, row in served.items():
         decode = engine.get(c)
-        ratio = f"{row['output_throughput'] / decode:.0%}" if decode else "-"
+        alone = workload.get(c)
+        tok_s = row["output_throughput"]
+        ratio = f"{tok_s / decode:.0%}" if decode else "-"
+        alone_ratio = f"{tok_s / alone['output_throughput']:.0%}" if alone else "-"
+        alone_tok_s = f"{alone['output_throughput']:,.0f}" if alone else "-"
+        alone_ttft = f" ({alone['median_ttft_ms']:,.0f})" if alone else ""
         lines.append(
-            f"| {c} | {row['output_throughput']:,.0f} | {f'{decode:,.0f}' if decode else '-'} | {ratio} "
-            f"| {row['median_ttft_ms']:,.1f} | {row['median_itl_ms']:.2f} |"
+            f"| {c} | {tok_s:,.0f} | {f'{decode:,.0f}' if decode else '-'} | {ratio} | {alone_tok_s} "
+            f"| {alone_ratio} | {row['median_ttft_ms']:,.1f}{alone_ttft} | {row['median_itl_ms']:.2f} |"
         )
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
@@ -221,6 +256,12 @@ def main() -> None:
     )
     p.add_argument("--profile-s", type=int, default=10)
     p.add_argument("--no-engine", action="store_true", help="skip `bench engine`")
+    p.add_argument(
+        "--logit-bias-eos",
+        action="store_true",
+        help="suppress EOS by logit_bias (bench serve's default) rather than `ignore_eos`: greedy with a "
+        "bias is not plain greedy, so the engine decodes without overlapping steps",
+    )
     p.add_argument("--engine-decode-tokens", type=int, default=128)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -237,7 +278,8 @@ def main() -> None:
         server.terminate()
         server.wait(60)
     engine = {} if args.no_engine else bench_engine(model, args)
-    report(served, engine, args.out)
+    workload = {} if args.no_engine else bench_workload(model, args)
+    report(served, engine, args.out, workload)
 
 
 if __name__ == "__main__":

@@ -225,6 +225,7 @@ def request_body(
     model: str | None = None,
     logit_bias: dict[str, float] | None = None,
     temperature: float = 0.0,
+    ignore_eos: bool = False,
 ) -> dict[str, Any]:
     """A streaming body for `api`: a string prompt for Completions, messages for Chat and Anthropic.
 
@@ -251,6 +252,8 @@ def request_body(
         body["stream_options"] = {"include_usage": True}
         if logit_bias:
             body["logit_bias"] = logit_bias
+        if ignore_eos:
+            body["ignore_eos"] = True
     return body
 
 

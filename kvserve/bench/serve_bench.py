@@ -47,6 +47,7 @@ class ServeTarget:
     model: str | None = None
     rules: StreamRules = STRICT
     logit_bias: dict[str, float] | None = None  # suppress EOS so every request produces its output_len
+    ignore_eos: bool = False  # or suppress it with the request's `ignore_eos` field
 
 
 def arrival_offsets(num_requests: int, shape: LoadShape) -> list[float]:
@@ -82,6 +83,7 @@ async def run_serve_bench(
                 request.output_len,
                 model=target.model,
                 logit_bias=target.logit_bias,
+                ignore_eos=target.ignore_eos,
             )
             async with limit:
                 result = await stream_request(

@@ -57,6 +57,7 @@ class Common:
     served_model: str | None
     logit_bias: dict[str, float] | None
     progress: bool
+    ignore_eos: bool = False  # EOS suppressed by the request's `ignore_eos` field instead (serve only)
 
 
 def make(args: argparse.Namespace, tokenizer: BenchTokenizer) -> Workload:
@@ -65,8 +66,9 @@ def make(args: argparse.Namespace, tokenizer: BenchTokenizer) -> Workload:
         args.model,
         Api(args.api),
         args.served_model,
-        None if args.keep_eos else tokenizer.suppress_stop_bias(),
+        None if args.keep_eos or args.ignore_eos else tokenizer.suppress_stop_bias(),
         not args.no_progress,
+        ignore_eos=args.ignore_eos and not args.keep_eos,
     )
     if args.workload == "serve":
         return ServeWorkload(common, _dataset(args, tokenizer), _shape(args), parse_slo(args.goodput))
@@ -137,7 +139,12 @@ class ServeWorkload:
     def run(self, target: Target, url: str, restart: Restart) -> BenchMetrics:
         _warm_up(self.common, url)
         serve_target = ServeTarget(
-            url, self.common.api, self.common.served_model, target.rules, self.common.logit_bias
+            url,
+            self.common.api,
+            self.common.served_model,
+            target.rules,
+            self.common.logit_bias,
+            self.common.ignore_eos,
         )
         results, duration = run_serve_bench_sharded(
             serve_target, self.requests, self.shape, self.common.progress

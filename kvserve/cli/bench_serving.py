@@ -48,6 +48,12 @@ def _add_common(p: argparse.ArgumentParser, default_api: str) -> None:
         action="store_true",
         help="let the model stop early (default: EOS suppressed by logit_bias)",
     )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="suppress EOS with the request's `ignore_eos: true` (kvserve's and vLLM's field) instead of "
+        "logit_bias: the engine then sees plain greedy requests, as `bench engine` runs them (bench serve)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
 
