@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device-machine session: environment, GPU tests, engine benchmarks. Stages as arguments:
 #   gemv | tests | ab | head | bench1b | profile | bench8b | serve. Logs and JSON go to $OUT (or ./gpu-out).
-# serve (issue 21): HTTP end to end on a random Llama-3.2-1B-shaped HF folder (scripts/serve_e2e_bench.py);
-# $SERVE_WHEELS holds the server's py3.12 wheels (fastapi, uvicorn, pydantic, llguidance, py-spy, ...) and
+# serve (issue 21): HTTP end to end on a random Llama-3.2-1B-shaped HF folder (scripts/serve_e2e_bench.py: bench serve
+# --ignore-eos per concurrency, bench engine, and the engine alone on the same workload, scripts/engine_workload_bench.py);
+# $SERVE_WHEELS holds the server's py3.12 wheels (fastapi with its opentelemetry-api, starlette, uvicorn, httptools,
+# pydantic(-core), annotated-types/-doc, typing-inspection/-extensions, sniffio, llguidance, gguf, py-spy) and
 # $SERVE_TOKENIZER SmolLM2's tokenizer files (AutoTokenizer.from_pretrained(dir, gguf_file=...).save_pretrained).
 # SmolLM2 for tests/e2e/test_cuda_parity_real.py: $SMOL_DIR (default /root/smol) holding the GGUF split
 # in parts (part00, part01, ...; a device call carries at most 64 MiB, so two calls carry one part

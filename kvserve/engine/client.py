@@ -12,7 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from kvserve.engine.constraint import TokenConstraint
@@ -152,15 +152,19 @@ class AsyncEngineClient:
 
 
 def _merged(
-    first: EngineOutput | BaseException, outputs: asyncio.Queue[EngineOutput | BaseException]
+    first: EngineOutput | BaseException,
+    outputs: asyncio.Queue[EngineOutput | BaseException],
+    checked: Callable[[EngineOutput | BaseException], EngineOutput] | None = None,
 ) -> EngineOutput:
-    """`first` and whatever else is already queued (steps the consumer slept through), as one output."""
-    output = _checked(first)
+    """`first` and whatever else is already queued (steps the consumer slept through), as one output;
+    `checked` raises a queued error (default: this module's)."""
+    checked = checked or _checked
+    output = checked(first)
     if outputs.empty() or output.finished:  # the common case: the consumer kept up
         return output
     batch = [output]
     while not outputs.empty() and not batch[-1].finished:
-        batch.append(_checked(outputs.get_nowait()))
+        batch.append(checked(outputs.get_nowait()))
     return merge_outputs(batch)
 
 

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from kvserve.engine import ipc
-from kvserve.engine.client import EngineDeadError
+from kvserve.engine.client import EngineDeadError, _merged
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.outputs import EngineOutput, merge_outputs
 from kvserve.engine.request import CheckpointHint
@@ -106,7 +106,7 @@ class ProcessEngineClient:
         try:
             self._send(("add", request_id, list(prompt_token_ids), params, recipe, checkpoint_hint))
             while not finished:
-                output = _merged(await outputs.get(), outputs)
+                output = _merged(await outputs.get(), outputs, _checked)
                 finished = output.finished
                 yield output
         finally:
@@ -253,18 +253,6 @@ def _recipe(constraint: TokenConstraint | None) -> Any:
     if recipe is None:
         raise ValueError("this token constraint cannot be sent to the engine process (no recipe)")
     return recipe
-
-
-def _merged(
-    first: EngineOutput | BaseException, outputs: asyncio.Queue[EngineOutput | BaseException]
-) -> EngineOutput:
-    output = _checked(first)
-    if outputs.empty() or output.finished:
-        return output
-    batch = [output]
-    while not outputs.empty() and not batch[-1].finished:
-        batch.append(_checked(outputs.get_nowait()))
-    return merge_outputs(batch)
 
 
 def _checked(item: EngineOutput | BaseException) -> EngineOutput:
