@@ -44,7 +44,7 @@ def _no_model() -> None:
 
 @pytest.fixture(scope="module")
 def client(tiny_llama_dir: Path):
-    client = ProcessEngineClient(functools.partial(make_engine, tiny_llama_dir), _answer, start_timeout=120)
+    client = ProcessEngineClient(functools.partial(make_engine, tiny_llama_dir), _answer, start_timeout=600)
     yield client
     client.shutdown()
 
@@ -151,11 +151,11 @@ def test_a_recipe_rebuilds_the_constraint() -> None:
 
 def test_a_model_that_cannot_load_fails_the_start() -> None:
     with pytest.raises(EngineStartError, match="no such model"):
-        ProcessEngineClient(_no_model, start_timeout=120)
+        ProcessEngineClient(_no_model, start_timeout=600)
 
 
 async def test_a_dead_engine_fails_streams_and_new_requests(tiny_llama_dir: Path) -> None:
-    client = ProcessEngineClient(functools.partial(make_engine, tiny_llama_dir), _answer, start_timeout=120)
+    client = ProcessEngineClient(functools.partial(make_engine, tiny_llama_dir), _answer, start_timeout=600)
     try:
         with pytest.raises(EngineDeadError):
             client.query("crash", timeout=30)
