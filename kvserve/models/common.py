@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.models.config import LayerType, ModelArchConfig
+from kvserve.models.decode_stack import CpuDecodeStack
 from kvserve.models.layers.activation import get_gated_activation
 from kvserve.models.layers.attention import cpu_decode
 from kvserve.models.layers.attention.backend import AttentionBackend
@@ -189,14 +190,22 @@ class DecoderLayer(nn.Module):
         """fp32 CPU decode with every projection on lowbit_cpu's kernel (--weight-quant on fp32)."""
         if x.is_cuda or x.dtype != torch.float32:
             return False
-        linears = (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
+        return self.is_lowbit() and x.shape[0] <= self.max_lowbit_rows()
+
+    def is_lowbit(self) -> bool:
+        """Every projection has lowbit_cpu's packed weights and the neighbours it fuses are plain."""
         return (
-            all(isinstance(m, WeightOnlyLinear) and m.bits is not None for m in linears)
-            and x.shape[0] <= min(m.max_quant_rows for m in linears)
+            all(isinstance(m, WeightOnlyLinear) and m.bits is not None for m in self._linears())
             and self.mlp.act_name in ("silu", "swish")
             and self.input_layernorm.offset == 0.0
             and self.post_attention_layernorm.offset == 0.0
         )
+
+    def max_lowbit_rows(self) -> int:
+        return min(m.max_quant_rows for m in self._linears())
+
+    def _linears(self) -> tuple[nn.Module, ...]:
+        return (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
 
     def _forward_lowbit(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """_forward_gemv's four fused projections, on the CPU's low-bit kernel."""
@@ -217,12 +226,33 @@ class DecoderStack(nn.Module):
         self.embed_tokens = embed_tokens
         self.layers = nn.ModuleList(layers)
         self.norm = norm
+        # Built at the first decode that can use it; reset when the caches or kernels change.
+        self._decode_stack: CpuDecodeStack | None = None
+        self._decode_stack_built = False
 
     def forward(self, input_ids: torch.Tensor, rope: RopeTables) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+        stack = self._lowbit_decode_stack(x)
+        out = stack.forward(x, rope) if stack is not None else None
+        if out is not None:
+            return self.norm(out)
         for layer in self.layers:
             x = layer(x, *rope[layer.layer_type])
         return self.norm(x)
+
+    def reset_decode_stack(self) -> None:
+        self._decode_stack, self._decode_stack_built = None, False
+
+    def _lowbit_decode_stack(self, x: torch.Tensor) -> CpuDecodeStack | None:
+        """The one-call C++ decode stack where every layer runs _forward_lowbit (fp32 CPU, low-bit)."""
+        if x.is_cuda or x.dtype != torch.float32:
+            return None
+        if not self._decode_stack_built:
+            self._decode_stack_built = True
+            layers = list(self.layers)
+            if all(type(layer) is DecoderLayer and layer.is_lowbit() for layer in layers):
+                self._decode_stack = CpuDecodeStack.build(layers)
+        return self._decode_stack
 
 
 class CausalLMBase(nn.Module):
@@ -317,6 +347,7 @@ class CausalLMBase(nn.Module):
         """Swap the paged-attention kernels of every layer (the runner picks them per device)."""
         for layer in self.model.layers:
             layer.self_attn.backend = backend
+        self.model.reset_decode_stack()
         self.attention_backend_name = backend.name
 
     def bind_kv_caches(self, caches: list[torch.Tensor]) -> None:
@@ -325,6 +356,7 @@ class CausalLMBase(nn.Module):
         for layer, cache in zip(self.model.layers, caches):
             assert cache.dim() == 5 and cache.shape[0] == 2 and cache.shape[-2:] == (num_kv_heads, head_dim)
             layer.self_attn.kv_cache = cache
+        self.model.reset_decode_stack()
 
     # -- weight loading -------------------------------------------------------------------
 

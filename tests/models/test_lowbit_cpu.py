@@ -84,3 +84,51 @@ def test_kernel_with_fp32_input_matches_its_reference(rows: int) -> None:
     x = torch.randn(rows, 320)
     out = lowbit_cpu.lowbit_linear(x, qweight, scales, 8, quantize_x=False)
     torch.testing.assert_close(out, x @ lowbit_cpu.dequantize(qweight, scales, 8).t(), atol=1e-5, rtol=1e-5)
+
+
+def _head_case(n: int, k: int, rows: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    qweight, scales = lowbit_cpu.quantize(torch.randn(n, k, generator=gen) * 0.05, 8)
+    x = torch.randn(rows, k, generator=gen)
+    x[:, 3] *= 20  # an outlier dimension, as final hidden states have: a coarse int8 step
+    return x, qweight, scales, lowbit_cpu.row_l1(qweight, scales, 8)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16])  # rows 4 at a time: every tail, a lone last row
+@pytest.mark.parametrize("n,k", [(1000, 320), (67, 64), (49, 32)])  # odd N (parallel chunks), 1-10 groups
+def test_head_is_exact_at_the_argmax(rows: int, n: int, k: int) -> None:
+    """head_logits' top logit is lowbit_linear(quantize_x=False)'s, bit for bit; the rest within its bound."""
+    x, qweight, scales, l1 = _head_case(n, k, rows, seed=rows * n)
+    out = lowbit_cpu.head_logits(x, qweight, scales, l1)
+    exact = lowbit_cpu.lowbit_linear(x, qweight, scales, 8, quantize_x=False)
+    assert torch.equal(out.argmax(dim=1), exact.argmax(dim=1))
+    assert torch.equal(out.max(dim=1).values, exact.max(dim=1).values)
+    step = x.abs().amax(dim=1, keepdim=True) / 127
+    assert ((out - exact).abs() <= l1 * step * 0.51).all()
+
+
+@needs_kernel
+def test_head_argmax_survives_near_ties() -> None:
+    """Rows that differ by less than the int8 path's error: the recomputed rows decide the argmax."""
+    x, qweight, scales, _ = _head_case(64, 128, 4, seed=1)
+    qweight[1:] = qweight[0]  # every row the same weights, scales apart by one fp16 ulp or two
+    scales[:] = scales[0]
+    scales[5:9] = (scales[5:9].float() * (1 + 2**-10)).half()
+    scales[17] = (scales[17].float() * (1 - 2**-10)).half()
+    l1 = lowbit_cpu.row_l1(qweight, scales, 8)
+    out = lowbit_cpu.head_logits(x, qweight, scales, l1)
+    exact = lowbit_cpu.lowbit_linear(x, qweight, scales, 8, quantize_x=False)
+    assert torch.equal(out.argmax(dim=1), exact.argmax(dim=1))
+    assert torch.equal(out.max(dim=1).values, exact.max(dim=1).values)
+
+
+def test_fp32_head_layer_uses_the_exact_head() -> None:
+    torch.manual_seed(0)
+    layer = WeightOnlyLinear(torch.randn(96, 64) * 0.05, None, "int8", quantize_input=False)
+    x = torch.randn(3, 64)
+    expected = lowbit_cpu.reference_linear(x, layer.qweight, layer.scales, 8, quantize_x=False)
+    torch.testing.assert_close(
+        layer(x), expected, atol=float(x.abs().max() / 127 * layer.row_l1.max()), rtol=0
+    )
+    assert torch.equal(layer(x).argmax(dim=1), expected.argmax(dim=1))

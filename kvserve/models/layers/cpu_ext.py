@@ -23,7 +23,13 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
-_SOURCES = ("bindings.cpp", "lowbit_linear.cpp", "decode_attention.cpp")
+_SOURCES = (
+    "bindings.cpp",
+    "lowbit_linear.cpp",
+    "lm_head.cpp",
+    "decode_attention.cpp",
+    "decode_stack.cpp",
+)
 ENABLED = os.environ.get("KVSERVE_CPU_KERNELS", "1") != "0"
 
 

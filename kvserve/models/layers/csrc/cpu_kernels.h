@@ -9,7 +9,12 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight
                             const c10::optional<torch::Tensor>& norm_weight, double eps, bool gated,
                             bool quantize_x);
 
+torch::Tensor lm_head_logits(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                             const torch::Tensor& row_l1);
+
 torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                const torch::Tensor& cache, const torch::Tensor& slot_mapping,
                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
                                int64_t num_heads, int64_t num_kv_heads, double scale, int64_t window);
+
+void bind_decode_stack(pybind11::module& m);  // the DecodeStack class (decode_stack.cpp)

@@ -1,0 +1,66 @@
+"""The one-call C++ decode stack (models/decode_stack.py) against the per-layer low-bit path it
+replaces: the same kernels in the same order, so logits must be equal bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvserve.models.layers import cpu_ext
+from kvserve.models.layers.quant import apply_weight_quant
+from kvserve.models.loader.safetensors import load_hf_model
+from tests.models.helpers import PagedDriver, save_tiny_hf_model
+
+pytestmark = pytest.mark.skipif(cpu_ext.load() is None, reason="no AVX2 CPU kernels here")
+
+
+def _model(family: str, tmp_path: Path, scheme: str) -> torch.nn.Module:
+    save_tiny_hf_model(family, tmp_path)
+    model = load_hf_model(tmp_path, torch.float32).model
+    apply_weight_quant(model, scheme)
+    return model
+
+
+def _run(model: torch.nn.Module, use_stack: bool) -> list[torch.Tensor]:
+    """Prefill three sequences, then decode them alone and together; every step's logits."""
+    driver = PagedDriver(model, seed=3)
+    if not use_stack:  # as if the stack could not be built: the per-layer path
+        model.model._decode_stack_built = True
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 384, (n,), generator=gen).tolist() for n in (9, 17, 5)]
+    logits = [driver.step([(i, p)]) for i, p in enumerate(prompts)]
+    tokens = [int(row[-1].argmax()) for row in logits]
+    for batch in ([0], [0, 1, 2], [2, 0], [1]):
+        out = driver.step([(i, [tokens[i]]) for i in batch])
+        logits.append(out)
+        for row, i in enumerate(batch):
+            tokens[i] = int(out[row].argmax())
+    assert (model.model._decode_stack is not None) == use_stack
+    return logits
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+@pytest.mark.parametrize("family", ["llama", "llama_tied", "qwen2"])  # qwen2: q/k/v biases
+def test_stack_equals_the_per_layer_path(family: str, scheme: str, tmp_path: Path) -> None:
+    stacked = _run(_model(family, tmp_path / "a", scheme), use_stack=True)
+    per_layer = _run(_model(family, tmp_path / "b", scheme), use_stack=False)
+    for a, b in zip(stacked, per_layer, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_no_stack_for_dense_or_qk_norm_models(tmp_path: Path) -> None:
+    dense = load_hf_model(save_tiny_hf_model("llama", tmp_path / "a") and tmp_path / "a", torch.float32).model
+    qwen3 = _model("qwen3", tmp_path / "b", "int4")  # q/k norms: the stack's attention has none
+    for model in (dense, qwen3):
+        driver = PagedDriver(model)
+        driver.step([(0, [1, 2, 3])])
+        driver.step([(0, [4])])
+        assert model.model._decode_stack_built and model.model._decode_stack is None
+
+
+def test_rebinding_the_caches_rebuilds_the_stack(tmp_path: Path) -> None:
+    model = _model("llama", tmp_path, "int4")
+    first = _run(model, use_stack=True)
+    assert torch.equal(_run(model, use_stack=True)[-1], first[-1])  # a new driver binds new caches
