@@ -76,6 +76,10 @@ class EngineConfig:
     yarn_orig_ctx: int = 0  # --yarn-orig-ctx; 0 = the model's trained context
     # CPU decode is memory-bound: low-bit weight copies for small batches (see models/layers/quant.py).
     weight_quant: WeightQuantName = "none"
+    # fp32 with --weight-quant int4: prefill on the int4 x int8 GEMM too (activations rounded to int8
+    # per group of 32, as decode and llama.cpp do; ~1.5x faster prefill on AVX2, but it changed
+    # SmolLM2's greedy answers, so it is opt-in; see docs/benchmarks.md).
+    int8_prefill: bool = False
     attention_backend: AttentionBackendName = "auto"  # auto = triton on CUDA, torch_ref on CPU
     enforce_eager: bool = False  # CUDA: no decode CUDA graphs
     # Launch greedy decode step n + 1 before reading step n's tokens (engine/overlap.py). None = auto:
@@ -124,6 +128,8 @@ def resolve(config: EngineConfig) -> EngineConfig:
         logger.info("dtype auto -> %s (device %s)", dtype, device)
     if config.weight_quant != "none" and (device != "cpu" or dtype not in ("bfloat16", "float32")):
         raise ValueError("--weight-quant needs --device cpu and --dtype bfloat16 or float32")
+    if config.int8_prefill and (config.weight_quant != "int4" or dtype != "float32"):
+        raise ValueError("--int8-prefill needs --weight-quant int4 and --dtype float32")
     if config.tensor_parallel_size < 1:
         raise ValueError("--tensor-parallel-size must be >= 1")
     if config.tensor_parallel_size > 1 and config.weight_quant != "none":

@@ -41,6 +41,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="CPU only: low-bit weight copies for decode-sized batches (faster, lossy)",
     )
     g.add_argument(
+        "--int8-prefill",
+        action="store_true",
+        default=d.int8_prefill,
+        help="fp32 --weight-quant int4: prefill on the int4 weights with int8-rounded activations too "
+        "(faster prefill on AVX2; lossier: it changed SmolLM2's greedy answers)",
+    )
+    g.add_argument(
         "--ctx",
         type=int,
         default=d.max_model_len,
@@ -163,6 +170,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_scale=args.rope_scale,
         yarn_orig_ctx=args.yarn_orig_ctx,
         weight_quant=args.weight_quant,
+        int8_prefill=args.int8_prefill,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
         async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],

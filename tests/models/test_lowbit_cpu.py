@@ -64,15 +64,57 @@ def test_kernel_matches_its_reference(bits: lowbit_cpu.Bits, rows: int, fusion: 
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_fp32_layer_uses_the_kernel_up_to_its_row_limit() -> None:
+@pytest.mark.parametrize("scheme,int8_prefill", [("int4", False), ("int8", False), ("int4", True)])
+def test_fp32_layer_uses_the_kernel_up_to_its_row_limit(scheme: str, int8_prefill: bool) -> None:
     torch.manual_seed(0)
     weight, bias = torch.randn(64, 64) * 0.05, torch.randn(64)
-    layer = WeightOnlyLinear(weight, bias, "int4", max_quant_rows=4)
-    assert layer.bits == 4
+    layer = WeightOnlyLinear(weight, bias, scheme, max_quant_rows=4, int8_prefill=int8_prefill)
+    bits = layer.bits
+    assert bits == (4 if scheme == "int4" else 8)
     small, large = torch.randn(4, 64), torch.randn(5, 64)
-    expected = lowbit_cpu.reference_linear(small, layer.qweight, layer.scales, 4, bias)
+    expected = lowbit_cpu.reference_linear(small, layer.qweight, layer.scales, bits, bias)
     torch.testing.assert_close(layer(small), expected, atol=1e-4, rtol=1e-4)
-    assert torch.equal(layer(large), torch.nn.functional.linear(large, weight, bias))
+    if not int8_prefill or cpu_ext.load() is None:  # above the limit: the dense GEMM
+        assert torch.equal(layer(large), torch.nn.functional.linear(large, weight, bias))
+    else:  # the int4 prefill GEMM: the small-batch kernel's math
+        expected = lowbit_cpu.reference_linear(large, layer.qweight, layer.scales, bits, bias)
+        torch.testing.assert_close(layer(large), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_gemm_packing_keeps_every_weight() -> None:
+    """pack_for_gemm's blocked layout (csrc/lowbit_gemm.h), decoded in torch, is the same int4 weight."""
+    torch.manual_seed(0)
+    n, k = 13, 96  # a padded last block of 8 rows, 3 groups
+    qweight, scales = lowbit_cpu.quantize(torch.randn(n, k), 4)
+    gemm_q, gemm_scales = lowbit_cpu.pack_for_gemm(qweight, scales)
+    assert gemm_q.shape == (2, 3, 4, 32) and gemm_scales.shape == (2, 3, 2, 8)
+    nibbles = torch.stack([gemm_q & 0x0F, gemm_q >> 4], dim=2).view(2, 3, 2, 4, 8, 4)  # [b, g, half, j, i, t]
+    q = nibbles.permute(0, 4, 1, 2, 3, 5).reshape(16, k).float()  # [n, k]: k = 32g + 16 half + 4j + t
+    d, m = (
+        gemm_scales[:, :, 0].permute(0, 2, 1).reshape(16, 3),
+        gemm_scales[:, :, 1].permute(0, 2, 1).reshape(16, 3),
+    )
+    weight = (q.view(16, 3, 32) * d[..., None] + m[..., None]).view(16, k)
+    assert torch.equal(weight[:n], lowbit_cpu.dequantize(qweight, scales, 4))
+    assert not weight[n:].any()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 4, 17, 64, 65, 130])  # 4-row tiles, 64-row chunks: every tail
+@pytest.mark.parametrize("n,k", [(40, 320), (13, 32), (8, 96)])  # a padded block of 8 outputs; 1-10 groups
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_gemm_matches_the_reference(rows: int, n: int, k: int, has_bias: bool) -> None:
+    torch.manual_seed(rows + n)
+    qweight, scales = lowbit_cpu.quantize(torch.randn(n, k) * 0.05, 4)
+    bias = torch.randn(n) if has_bias else None
+    x = torch.randn(rows, k)
+    x[:, 5] *= 30  # one large group: its int8 step differs from the others'
+    out = lowbit_cpu.lowbit_gemm(x, *lowbit_cpu.pack_for_gemm(qweight, scales), n, bias)
+    assert out is not None and out.shape == (rows, n)
+    expected = lowbit_cpu.reference_linear(x, qweight, scales, 4, bias)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    decode = lowbit_cpu.lowbit_linear(x[:4], qweight, scales, 4, bias)  # the decode kernel: same math
+    torch.testing.assert_close(out[:4], decode, atol=1e-4, rtol=1e-4)
 
 
 @needs_kernel

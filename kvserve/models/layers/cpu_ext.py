@@ -27,6 +27,7 @@ _SOURCES = (
     "bindings.cpp",
     "lowbit_linear.cpp",
     "lm_head.cpp",
+    "lowbit_gemm.cpp",
     "decode_attention.cpp",
     "decode_stack.cpp",
 )

@@ -1,6 +1,6 @@
 """Low-bit weight-only linears for fp32 decode on AVX2 CPUs: the packing, a torch reference of
-the kernel's math, and the calls into the C++ kernels (csrc/lowbit_linear.cpp for the layers,
-csrc/lm_head.cpp for the head; built by cpu_ext).
+the kernel's math, and the calls into the C++ kernels (csrc/lowbit_linear.cpp for decode,
+csrc/lowbit_gemm.cpp for prefill, csrc/lm_head.cpp for the head; built by cpu_ext).
 
 Why its own format: torch's int4/int8 weight-only CPU ops are fast only with AVX512 (on AVX2
 they lose to the dense fp32 GEMV), so CPUs without it had no low-bit decode. This is ggml's
@@ -121,3 +121,36 @@ def head_logits(
         return reference_linear(x, qweight, scales, 8, quantize_x=False)
     return ext.lm_head_logits(x.contiguous(), qweight, scales, l1)
 
+
+def pack_for_gemm(qweight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4 weights in the prefill GEMM's layout (csrc/lowbit_gemm.h): blocks of 8 output rows,
+    uint8 [N/8, G, 4, 32] and fp32 (scale, min) [N/8, G, 2, 8]; N is padded to a multiple of 8."""
+    n, half_k = qweight.shape
+    num_groups, pad = half_k * 2 // GROUP_SIZE, -n % 8
+    packed = qweight.view(n, num_groups, GROUP_SIZE // 2)
+    d, m = scales.float().unbind(1)  # [N, G] each
+    if pad:  # zero weights (q = 0, scale and min 0) for the padding rows
+        packed = F.pad(packed, (0, 0, 0, 0, 0, pad))
+        d, m = F.pad(d, (0, 0, 0, pad)), F.pad(m, (0, 0, 0, pad))
+    blocks = (n + pad) // 8
+    q = torch.cat([packed & 0x0F, packed >> 4], dim=-1)  # [N, G, 32]: k = 16 half + 4j + t
+    q = q.view(blocks, 8, num_groups, 2, 4, 4)  # [b, i, g, half, j, t]
+    gemm_q = q[:, :, :, 0] | (q[:, :, :, 1] << 4)  # k = 4j + t low, 16 + 4j + t high: [b, i, g, j, t]
+    gemm_q = gemm_q.permute(0, 2, 3, 1, 4).reshape(blocks, num_groups, 4, 32).contiguous()
+    gemm_scales = torch.stack([d, m], dim=1).view(blocks, 8, 2, num_groups).permute(0, 3, 2, 1).contiguous()
+    return gemm_q, gemm_scales  # [b, g, 4, 32], [b, g, 2, 8]
+
+
+def lowbit_gemm(
+    x: torch.Tensor,
+    gemm_qweight: torch.Tensor,
+    gemm_scales: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """x [M, K] @ W^T (+ bias) on the int4 prefill GEMM: the decode kernel's math (activations rounded
+    to int8 per group of 32) for many rows; None without the kernel (the caller keeps its dense GEMM)."""
+    ext = cpu_ext.load()
+    if ext is None:
+        return None
+    return ext.lowbit_gemm(x.contiguous(), gemm_qweight, gemm_scales, out_features, bias)

@@ -6,7 +6,8 @@ bound, where oneDNN's dense kernels win. So each layer keeps its dense weight fo
 batches and a packed low-bit copy for batches of up to `max_quant_rows` tokens:
 - bf16 models: torch's int8/int4 weight-only CPU kernels (fast with AVX512);
 - fp32 models (CPUs without fast bf16): the AVX2 kernel of lowbit_cpu.py (ggml's Q4_1/Q8_0), with
-  an int8 LM head whose argmax is exact (lowbit_cpu.head_logits).
+  an int8 LM head whose argmax is exact (lowbit_cpu.head_logits); opt-in (`int8_prefill`), int4
+  also replaces the dense GEMM of prefill with an int4 x int8 GEMM of the decode kernel's math.
 
 int4: asymmetric, groups of 32 along the input dim (the Q4_0/Q4_1 grid of GGUF files, so a
 Q4 checkpoint round-trips up to rounding of its scales). int8: symmetric per output row
@@ -41,6 +42,7 @@ class WeightOnlyLinear(nn.Module):
         scheme: WeightQuant,
         max_quant_rows: int | None = None,
         quantize_input: bool = True,
+        int8_prefill: bool = False,
     ) -> None:
         super().__init__()
         assert weight.dtype in (torch.bfloat16, torch.float32) and weight.device.type == "cpu", "CPU only"
@@ -50,6 +52,8 @@ class WeightOnlyLinear(nn.Module):
         self.scheme = scheme
         # fp32 kernel only: False keeps activations in fp32 (the LM head's argmax is sensitive).
         self.quantize_input = quantize_input
+        self.gemm_qweight: torch.Tensor | None = None  # int8_prefill: lowbit_cpu.pack_for_gemm's layout
+        self.gemm_scales: torch.Tensor | None = None
         # fp32: lowbit_cpu's format and kernel; bf16: torch's packed int8/int4 ops.
         self.bits: lowbit_cpu.Bits | None = None
         if weight.dtype == torch.float32:
@@ -57,6 +61,8 @@ class WeightOnlyLinear(nn.Module):
             self.qweight, self.scales = lowbit_cpu.quantize(weight, self.bits)
             if not quantize_input and self.bits == 8:  # the LM head: lowbit_cpu.head_logits
                 self.row_l1 = lowbit_cpu.row_l1(self.qweight, self.scales, self.bits)
+            if self.bits == 4 and int8_prefill:  # prefill-sized batches: the int4 GEMM, not the dense one
+                self.gemm_qweight, self.gemm_scales = lowbit_cpu.pack_for_gemm(self.qweight, self.scales)
         elif scheme == "int8":
             self.qweight, self.scales = quantize_int8(weight)
         else:
@@ -67,6 +73,12 @@ class WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.max_quant_rows:
+            if self.gemm_qweight is not None and self.gemm_scales is not None:
+                out = lowbit_cpu.lowbit_gemm(
+                    x, self.gemm_qweight, self.gemm_scales, self.weight.shape[0], self.bias
+                )
+                if out is not None:
+                    return out
             return F.linear(x, self.weight, self.bias)
         if self.bits == 8 and not self.quantize_input:
             out = lowbit_cpu.head_logits(x, self.qweight, self.scales, self.row_l1)
@@ -130,8 +142,11 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, scales_and_zeros
 
 
-def apply_weight_quant(model: nn.Module, scheme: WeightQuant, *, quantize_head: bool = True) -> int:
-    """Wrap every nn.Linear of `model` (and the LM head) in place; returns how many were wrapped."""
+def apply_weight_quant(
+    model: nn.Module, scheme: WeightQuant, *, quantize_head: bool = True, int8_prefill: bool = False
+) -> int:
+    """Wrap every nn.Linear of `model` (and the LM head) in place; returns how many were wrapped.
+    int8_prefill: fp32 int4 layers also run prefill on the int4 x int8 GEMM (lowbit_cpu.lowbit_gemm)."""
     if scheme == "none":
         return 0
     head = getattr(model, "lm_head", None)
@@ -142,7 +157,8 @@ def apply_weight_quant(model: nn.Module, scheme: WeightQuant, *, quantize_head: 
         if isinstance(child, nn.Linear) and child is not head
     ]
     for parent, name, child in targets:
-        setattr(parent, name, WeightOnlyLinear(child.weight.data, _bias(child), scheme))
+        layer = WeightOnlyLinear(child.weight.data, _bias(child), scheme, int8_prefill=int8_prefill)
+        setattr(parent, name, layer)
     if quantize_head and hasattr(model, "head_quant"):
         # The head is the single largest GEMV (vocab x hidden); int8 keeps its logits precise.
         weight = model.model.embed_tokens.weight if head is None else head.weight

@@ -9,6 +9,9 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight
                             const c10::optional<torch::Tensor>& norm_weight, double eps, bool gated,
                             bool quantize_x);
 
+torch::Tensor lowbit_gemm(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                          int64_t N, const c10::optional<torch::Tensor>& bias);
+
 torch::Tensor lm_head_logits(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
                              const torch::Tensor& row_l1);
 
