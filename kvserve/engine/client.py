@@ -75,7 +75,7 @@ class AsyncEngineClient:
         finished = False
         try:
             while not finished:
-                output = _merged(await outputs.get(), outputs)
+                output = merge_queued(await outputs.get(), outputs)
                 finished = output.finished
                 yield output
         finally:
@@ -151,13 +151,14 @@ class AsyncEngineClient:
                         self.core.abort_request(add.request.request_id)
 
 
-def _merged(
+def merge_queued(
     first: EngineOutput | BaseException,
     outputs: asyncio.Queue[EngineOutput | BaseException],
     checked: Callable[[EngineOutput | BaseException], EngineOutput] | None = None,
 ) -> EngineOutput:
-    """`first` and whatever else is already queued (steps the consumer slept through), as one output;
-    `checked` raises a queued error (default: this module's)."""
+    """`first` and whatever else is already queued (steps the consumer slept through), as one output
+    (`merge_outputs`); `checked` raises a queued error (default: this module's). Shared by the
+    engine clients (this one and `process_client.ProcessEngineClient`)."""
     checked = checked or _checked
     output = checked(first)
     if outputs.empty() or output.finished:  # the common case: the consumer kept up

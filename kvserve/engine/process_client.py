@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from kvserve.engine import ipc
-from kvserve.engine.client import EngineDeadError, _merged
+from kvserve.engine.client import EngineDeadError, merge_queued
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.outputs import EngineOutput, merge_outputs
 from kvserve.engine.request import CheckpointHint
@@ -106,7 +106,7 @@ class ProcessEngineClient:
         try:
             self._send(("add", request_id, list(prompt_token_ids), params, recipe, checkpoint_hint))
             while not finished:
-                output = _merged(await outputs.get(), outputs, _checked)
+                output = merge_queued(await outputs.get(), outputs, _checked)
                 finished = output.finished
                 yield output
         finally:

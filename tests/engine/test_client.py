@@ -62,7 +62,7 @@ async def test_queued_outputs_reach_a_late_consumer_as_one() -> None:
     """A consumer that slept through steps gets their tokens in one output, stopping at the finish."""
     import asyncio
 
-    from kvserve.engine.client import _merged
+    from kvserve.engine.client import merge_queued
     from kvserve.engine.outputs import EngineOutput
     from kvserve.engine.request import FinishReason
 
@@ -73,10 +73,10 @@ async def test_queued_outputs_reach_a_late_consumer_as_one() -> None:
         EngineOutput("r", (8,), finish_reason=FinishReason.LENGTH, num_cache_write_tokens=3),
     ):
         queue.put_nowait(output)
-    merged = _merged(await queue.get(), queue)
+    merged = merge_queued(await queue.get(), queue)
     assert merged.new_token_ids == (7, 8) and merged.finish_reason == FinishReason.LENGTH
     assert merged.num_cached_tokens == 0 and merged.num_cache_write_tokens == 3  # the last one's counters
     assert queue.empty()
     queue.put_nowait(ValueError("bad"))
     with pytest.raises(ValueError):
-        _merged(await queue.get(), queue)
+        merge_queued(await queue.get(), queue)
