@@ -4,12 +4,14 @@ Latencies are measured on the event stream the client receives (what a user feel
 they include detokenization and stop-string hold-back. Each app has its own registry, so
 several apps in one process (tests) do not collide. Engine gauges (queue depth, running
 sequences, KV usage, prefix-cache hit rate) are read at scrape time from an EngineStatsSource.
+With several API front ends (`serve --api-servers`), a scrape of any of them sums every front end's
+request metrics (`peers`: their `snapshot()`s); the engine gauges come from the one engine.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -19,8 +21,10 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Metric,
     generate_latest,
 )
+from starlette.concurrency import run_in_threadpool
 
 from kvserve.serving.engine_stats import EngineStats, EngineStatsSource
 from kvserve.serving.events import GenerationEvent, ReasoningDelta, TextDelta, ToolCallArgsDelta, Usage
@@ -43,12 +47,19 @@ _KNOWN_PATHS = frozenset(
 )
 
 router = APIRouter()
+# The other front ends' `Metrics.snapshot()` (None from one that did not answer).
+PeerSnapshots = Callable[[], "list[list[Metric] | None]"]
 
 
 class Metrics:
-    def __init__(self, engine_stats: EngineStatsSource | None = None) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
+    def __init__(
+        self, engine_stats: EngineStatsSource | None = None, peers: PeerSnapshots | None = None
+    ) -> None:
+        self.registry = CollectorRegistry()  # what /metrics shows: this front end's and the engine's
+        self.own = CollectorRegistry()  # this front end's alone, summed with its peers' when it has some
+        self.peers = peers
+        self.registry.register(_Summed(self))
+        r = self.own
         self.requests = Counter("kvserve_http_requests", "HTTP requests", ["path", "status"], registry=r)
         self.generations_in_flight = Gauge(
             "kvserve_generations_in_flight", "Generations being streamed", registry=r
@@ -101,6 +112,10 @@ class Metrics:
             gauge = Gauge(name, help_text, registry=self.registry)
             gauge.set_function(lambda field=field: float(_disk_stat(source(), field)))
 
+    def snapshot(self) -> list[Metric]:
+        """This front end's request metrics, for a peer's scrape."""
+        return list(self.own.collect())
+
     def count_request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in _KNOWN_PATHS else "other", str(status)).inc()
 
@@ -127,10 +142,51 @@ class Metrics:
                 self.generation_tokens.inc(usage.completion_tokens)
 
 
+class _Summed:
+    """The collector of `Metrics.own`, summed over the front ends (blocks on the peers: scrape
+    off the event loop)."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        own = self.metrics.snapshot()
+        if self.metrics.peers is None:
+            return iter(own)
+        return iter(sum_families([own, *(p for p in self.metrics.peers() if p is not None)]))
+
+
+def sum_families(snapshots: Iterable[list[Metric]]) -> list[Metric]:
+    """Metric families of several processes as one: counters, histograms and gauges summed per
+    sample (name and labels), `_created` timestamps the earliest."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for snapshot in snapshots:
+        for family in snapshot:
+            if family.name not in families:
+                families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                values[family.name] = {}
+            totals = values[family.name]
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in totals:
+                    totals[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    totals[key] = min(totals[key], sample.value)
+                else:
+                    totals[key] += sample.value
+    for name, family in families.items():
+        for (sample_name, labels), value in values[name].items():
+            family.add_sample(sample_name, dict(labels), value)
+    return list(families.values())
+
+
 def _disk_stat(stats: EngineStats, field: str) -> int:
     return 0 if stats.disk is None else getattr(stats.disk, field)
 
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    # Off the loop: the engine gauges and the peers' snapshots are answers from other processes.
+    text = await run_in_threadpool(generate_latest, request.app.state.metrics.registry)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -10,6 +10,7 @@ import asyncio
 import math
 import multiprocessing
 import random
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -105,7 +106,9 @@ def run_serve_bench_sharded(
     (and a finite rate) split between them. Results come back in dataset order; the wall time spans all."""
     shards = _shards(len(requests), shape)
     if len(shards) <= 1:
-        return asyncio.run(run_serve_bench(target, requests, shape, progress))
+        results, duration, busy = _run_shard(target, requests, shape, progress)
+        _report_client_load([busy])
+        return results, duration
     start = time.perf_counter()
     # fork: the client processes need nothing but this module's code, and start in milliseconds.
     with ProcessPoolExecutor(len(shards), mp_context=multiprocessing.get_context("fork")) as pool:
@@ -114,6 +117,7 @@ def run_serve_bench_sharded(
             for indices, shard_shape in shards
         ]
         shard_results = [future.result()[0] for future in futures]
+        _report_client_load([future.result()[2] for future in futures])
     duration = time.perf_counter() - start
     results: list[RequestResult | None] = [None] * len(requests)
     for (indices, _), found in zip(shards, shard_results, strict=True):
@@ -143,6 +147,21 @@ def _shards(num_requests: int, shape: LoadShape) -> list[tuple[list[int], LoadSh
 
 
 def _run_shard(
-    target: ServeTarget, requests: list[BenchRequest], shape: LoadShape
-) -> tuple[list[RequestResult], float]:
-    return asyncio.run(run_serve_bench(target, requests, shape, progress=False))
+    target: ServeTarget, requests: list[BenchRequest], shape: LoadShape, progress: bool = False
+) -> tuple[list[RequestResult], float, float]:
+    """Results, wall time, and the share of one core this client process used meanwhile."""
+    cpu = time.process_time()
+    results, duration = asyncio.run(run_serve_bench(target, requests, shape, progress))
+    return results, duration, (time.process_time() - cpu) / max(duration, 1e-9)
+
+
+def _report_client_load(busy: list[float]) -> None:
+    """Whether the client itself may be the bound (one Python process parses ~10-20K SSE events/s)."""
+    shares = " ".join(f"{b:.0%}" for b in busy)
+    print(f"client CPU per process (share of one core over its run): {shares}", file=sys.stderr)
+    if max(busy) > 0.85:
+        print(
+            "warning: a client process was busy most of the run: the client may be the limit "
+            "(raise --client-procs)",
+            file=sys.stderr,
+        )

@@ -78,9 +78,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     p.add_argument(
         "--client-procs",
+        "--client-processes",
+        dest="client_procs",
         type=int,
         default=1,
-        help="client processes sharing the load (a fast server outruns one)",
+        help="client processes sharing the load, results merged (a fast server outruns one Python "
+        "client: each process's CPU share is printed, with a warning when one was saturated)",
     )
     p.add_argument(
         "--goodput", nargs="*", default=None, metavar="KEY:MS", help="SLOs: ttft:MS tpot:MS e2el:MS"

@@ -47,7 +47,8 @@ def embedded_server(args: argparse.Namespace) -> Iterator[str]:
     the base URL of a loopback server over them; the engine shuts down (and saves) on exit."""
     from kvserve.cli.serve import build_app, close_server
 
-    app, engine = build_app(args)
+    # One front end: this process's (the --api-servers processes are `kvserve serve`'s own).
+    app, engine = build_app(argparse.Namespace(**{**vars(args), "api_servers": "1"}))
     try:
         with serve_in_thread(app) as (url, _server):
             yield url

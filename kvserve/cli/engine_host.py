@@ -22,6 +22,7 @@ from kvserve.serving.request_recorder import PromptSource, RequestRecorder
 if TYPE_CHECKING:
     from kvserve.config import EngineConfig
     from kvserve.engine.core import EngineCore
+    from kvserve.engine.process_client import EngineLink
     from kvserve.models.loaded import TokenizerInfo
 
 logger = logging.getLogger(__name__)
@@ -64,9 +65,15 @@ def wants_engine_process(flag: str, config: EngineConfig) -> bool:
     return device.startswith("cuda")
 
 
-def start_engine(config: EngineConfig, separate_process: bool) -> EngineHandle:
+def start_engine(config: EngineConfig, separate_process: bool, num_front_ends: int = 1) -> EngineHandle:
+    """`num_front_ends` > 1 (the engine process only): the handle's client also holds the other
+    front ends' pipes (`peer_conns`), for the processes `kvserve serve --api-servers` starts."""
     if separate_process:
-        return _process_handle(functools.partial(build_warm_engine, config))
+        from kvserve.engine.process_client import ProcessEngineClient
+
+        build = functools.partial(build_warm_engine, config)
+        return link_handle(ProcessEngineClient(build, answer_query, num_front_ends=num_front_ends))
+    assert num_front_ends == 1, "several API front ends need the engine in its own process"
     return _thread_handle(build_warm_engine(config))
 
 
@@ -105,10 +112,9 @@ def _thread_handle(core: EngineCore) -> EngineHandle:
     )
 
 
-def _process_handle(build: Callable[[], EngineCore]) -> EngineHandle:
-    from kvserve.engine.process_client import ProcessEngineClient
-
-    client = ProcessEngineClient(build, answer_query)
+def link_handle(client: EngineLink) -> EngineHandle:
+    """The handle of a front end whose engine is another process (`ProcessEngineClient`, or the
+    `EngineLink` of a front-end process `serve --api-servers` started)."""
     info = client.info
 
     def feed(recorder: RequestRecorder) -> None:

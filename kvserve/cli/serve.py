@@ -7,6 +7,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ EngineClient = Any  # AsyncEngineClient | ProcessEngineClient: generate, abort, 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from kvserve.cli.engine_host import EngineHandle
     from kvserve.engine.core import EngineCore
     from kvserve.serving.engine_stats import EngineStats
 
@@ -97,13 +99,18 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="run the engine in a process of its own, the HTTP front end in this one (auto: on for "
         "CUDA, where the event loop and the engine thread would share one GIL; off for CPU and TP)",
     )
+    g.add_argument(
+        "--api-servers",
+        default="auto",
+        metavar="N|auto",
+        help="API front-end processes sharing the listening socket and the one engine process, like "
+        "vLLM's --api-server-count (auto: one per 4 cores, at most 4, with the engine process; else 1)",
+    )
     add_engine_args(p)
     add_kv_store_args(p)
 
 
 def run(args: argparse.Namespace) -> None:
-    import uvicorn
-
     app, engine = build_app(args)
     service = app.state.chat_service
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
@@ -118,16 +125,36 @@ def run(args: argparse.Namespace) -> None:
     # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it found:
     # make that one a clean exit, so the `finally` (the disk tier's shutdown save) runs.
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _exit_cleanly)
+        signal.signal(signum, exit_cleanly)
     if SWITCH_INTERVAL_MS:  # the engine thread and the event loop share the GIL (docs/benchmarks.md)
         sys.setswitchinterval(SWITCH_INTERVAL_MS / 1000)
+    peer_conns = getattr(engine, "peer_conns", [])
+    front_ends = sock = None
     try:
-        uvicorn.run(
-            app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
-        )  # kvserve.access logs each request, with its id
+        if peer_conns:
+            from kvserve.cli.api_servers import FrontEnds, bind
+
+            sock = bind(args.host, args.port)
+            front_ends = FrontEnds(args, peer_conns, sock)
+        serve_forever(app, args, sock)
     finally:
         logger.info("kvserve: shutting down")
+        if front_ends is not None:
+            front_ends.stop()
         close_server(app, engine)
+
+
+def serve_forever(app: FastAPI, args: argparse.Namespace, sock: socket.socket | None = None) -> None:
+    """uvicorn until SIGINT/SIGTERM; on `sock` if given (`api_servers.bind`)."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
+    )  # kvserve.access logs each request, with its id
+    server = uvicorn.Server(config)
+    server.run(sockets=None if sock is None else [sock])
+    if not server.started:  # e.g. the port is taken (uvicorn.run's exit status)
+        sys.exit(3)
 
 
 # Debug toggle for A/B runs of the GIL's switch interval (scripts/serve_e2e_bench.py); unset keeps
@@ -135,22 +162,14 @@ def run(args: argparse.Namespace) -> None:
 SWITCH_INTERVAL_MS = float(os.environ.get("KVSERVE_SWITCH_INTERVAL_MS", "0"))
 
 
-def _exit_cleanly(signum: int, frame: object) -> None:
+def exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
 def build_app(args: argparse.Namespace) -> tuple[FastAPI, EngineClient]:
     """Everything `run` serves, from the flags: --chdir first, then the model, engine and app."""
-    from kvserve.api.app import create_app
-    from kvserve.api.settings import ApiSettings
+    from kvserve.cli.api_servers import api_server_count
     from kvserve.cli.engine_host import start_engine, wants_engine_process
-    from kvserve.serving.chat_service import ChatService
-    from kvserve.serving.live_sequences import LiveSequences
-    from kvserve.serving.response_store import ResponseStore
-    from kvserve.serving.segmenter import OutputSyntax
-    from kvserve.serving.tool_memory import ToolReplayMemory
-    from kvserve.serving.tool_memory_file import ToolMemoryFile
-    from kvserve.serving.turn_markers import turn_markers
 
     if args.chdir:
         try:
@@ -159,12 +178,31 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, EngineClient]:
             sys.exit(f"kvserve: --chdir {args.chdir}: {error.strerror}")
     config = engine_config_from_args(args)
     separate = wants_engine_process(getattr(args, "engine_process", "auto"), config)
+    num_front_ends = api_server_count(getattr(args, "api_servers", "1"), separate, config)
     try:
-        handle = start_engine(config, separate)
+        handle = start_engine(config, separate, num_front_ends)
     except EngineStartError as error:
         sys.exit(f"kvserve: {error}")
     if separate:
         logger.info("engine: in its own process (--engine-process)")
+    return build_app_over(args, handle)
+
+
+def build_app_over(
+    args: argparse.Namespace, handle: EngineHandle, index: int = 0
+) -> tuple[FastAPI, EngineClient]:
+    """The app of API front end `index` over a started engine (`build_app`; `api_servers.py`)."""
+    from kvserve.api.app import create_app
+    from kvserve.api.settings import ApiSettings
+    from kvserve.cli.api_servers import peer_answer, peer_metrics
+    from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.live_sequences import LiveSequences
+    from kvserve.serving.response_store import ResponseStore
+    from kvserve.serving.segmenter import OutputSyntax
+    from kvserve.serving.tool_memory import ToolReplayMemory
+    from kvserve.serving.tool_memory_file import ToolMemoryFile
+    from kvserve.serving.turn_markers import turn_markers
+
     engine = handle.client
     model_name = args.served_model_name or Path(args.model).stem
     syntax = OutputSyntax.detect(handle.tokenizer.chat_template, args.tool_parser)
@@ -186,9 +224,13 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, EngineClient]:
         max_tokens_limit=args.max_tokens_limit,
         default_temperature=args.default_temperature,
     )
-    if handle.disk_dir is not None:
+    if handle.disk_dir is not None and index == 0:
         tokenize = functools.partial(service.tokenize, add_special_tokens=False)
         handle.set_turn_markers(turn_markers(service.renderer, tokenize))
+    several = getattr(engine, "num_front_ends", 1) > 1
+    if several:  # the next turn of a conversation may land on another front end
+        service.share = engine.tell
+        engine.on_told = service.apply_shared
     settings = ApiSettings(
         served_model_name=model_name,
         api_key=args.api_key,
@@ -204,9 +246,12 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, EngineClient]:
         engine_stats=handle.engine_stats,
         cache_view=handle.cache_view,
         checkpoint_tokens=handle.checkpoint_tokens,
+        metrics_peers=peer_metrics(engine) if several else None,
     )
+    if several:
+        engine.on_ask = peer_answer(app)
     app.state.closers = []
-    if handle.disk_dir is not None and service.tool_memory is not None:
+    if handle.disk_dir is not None and service.tool_memory is not None and index == 0:
         # Exact replay after a restart needs the sampled call text beside the restored checkpoints
         # (in the model's own subdirectory: another model's server never overwrites it).
         memory_file = ToolMemoryFile(handle.disk_dir, service.tool_memory)

@@ -1,4 +1,5 @@
-"""The wire between the API front end and the engine process (`process_client.py`).
+"""The wire between the API front ends and the engine process (`process_client.py`,
+`engine_process.py`).
 
 Each message is one pickled tuple whose first item names it, sent whole over a
 `multiprocessing` pipe (a Unix socket pair: length-prefixed frames). A step's outputs
@@ -8,9 +9,11 @@ builtins costs a fraction of pickling a dataclass instance on either side.
 
 front end -> engine: ("add", request_id, prompt_token_ids, params, recipe, checkpoint_hint)
                      ("abort", request_id)   ("query", query_id, name, args)   ("shutdown",)
+                     ("tell", message)   ("gather", query_id, name, args)   ("answer", token, value)
 engine -> front end: ("ready", EngineInfo)   ("fatal", message)   ("out", [output tuples])
                      ("error", request_id, exception)   ("reply", query_id, ok, value)
                      ("source", request_id, num_ram, num_disk, checkpoint_id)   ("dead", message)
+                     ("told", message)   ("ask", token, name, args)
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class EngineInfo:
     max_model_len: int
     vocab_size: int
     disk_dir: str | None  # the disk tier's directory; None without one
+    num_front_ends: int = 1  # the API front ends that share the engine (`serve --api-servers`)
 
 
 def dumps(message: tuple[Any, ...]) -> bytes:

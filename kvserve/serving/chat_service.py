@@ -12,6 +12,7 @@ import uuid
 from array import array
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kvserve.chat.conversation import (
     ChatRequest,
@@ -72,6 +73,8 @@ def plain_text_segmenter(request: ChatRequest, prompt_text: str) -> TextSegmente
 # The disk tier's text lookup: the exact tokens of the stored checkpoint whose rendered text is the
 # longest prefix of a prompt, and that prefix's length in UTF-8 bytes (engine.disk_tier.text_prefix).
 PromptPrefixLookup = Callable[[str], "tuple[list[int], int] | None"]
+# ("tool_calls", [(sampled text, call ids)]) or ("live_sequence", LiveSequence): see ChatService.share
+SharedState = tuple[str, Any]
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,9 @@ class ChatService:
         self.live_sequences = live_sequences
         self.prompt_prefix = prompt_prefix
         self.recorder = recorder or RequestRecorder()  # what the web console shows
+        # Set by a server with several front ends (`serve --api-servers`): what this one remembers
+        # for the next turn goes to the others too (`apply_shared` there).
+        self.share: Callable[[SharedState], None] | None = None
         hf = tokenizer.tokenizer
         special = {
             name: getattr(hf, name)
@@ -356,6 +362,8 @@ class ChatService:
             return
         if self.tool_memory is not None:
             self.tool_memory.remember(blocks)
+            if self.share is not None:
+                self.share(("tool_calls", blocks))
         finished = closing[-1] if closing else None
         if (
             self.live_sequences is None
@@ -367,15 +375,25 @@ class ChatService:
         end_text = (
             self.detokenize(output[-1:]) if output[-1:] and output[-1] in self.tokenizer.eos_token_ids else ""
         )
-        self.live_sequences.save(
-            LiveSequence(
-                call_ids=tuple(call_id for _, ids in blocks for call_id in ids),
-                token_ids=array("i", prepared.prompt_token_ids + output),
-                text=prepared.prompt_text + self.detokenize(output),
-                end_text=end_text,
-                fingerprint=request_fingerprint(prepared.chat, prepared.chat.messages),
-            )
+        sequence = LiveSequence(
+            call_ids=tuple(call_id for _, ids in blocks for call_id in ids),
+            token_ids=array("i", prepared.prompt_token_ids + output),
+            text=prepared.prompt_text + self.detokenize(output),
+            end_text=end_text,
+            fingerprint=request_fingerprint(prepared.chat, prepared.chat.messages),
         )
+        self.live_sequences.save(sequence)
+        if self.share is not None:
+            self.share(("live_sequence", sequence))
+
+    def apply_shared(self, message: SharedState) -> None:
+        """What another front end of this server remembered (`share`): the next turn of its
+        conversation may come here."""
+        kind, value = message
+        if kind == "tool_calls" and self.tool_memory is not None:
+            self.tool_memory.remember(value)
+        elif kind == "live_sequence" and self.live_sequences is not None:
+            self.live_sequences.save(value)
 
 
 def _checkpoint_hint(hints: ServerHints) -> CheckpointHint | None:

@@ -183,7 +183,7 @@ def test_warm_up_leaves_no_trace(tiny_llama_dir: Path) -> None:
 
 
 def test_steps_that_piled_up_leave_as_one_output_per_request() -> None:
-    from kvserve.engine.process_client import coalesce
+    from kvserve.engine.engine_process import coalesce
 
     steps = [
         [EngineOutput("a", (1,)), EngineOutput("b", (), num_computed_tokens=8)],
@@ -194,3 +194,53 @@ def test_steps_that_piled_up_leave_as_one_output_per_request() -> None:
     assert [(o.request_id, o.new_token_ids) for o in merged] == [("a", (1, 2, 3)), ("b", (5,))]
     assert merged[0].finished and merged[1].num_cached_tokens == 4
     assert coalesce(steps[:1]) is steps[0]
+
+
+async def test_two_front_ends_share_the_engine(tiny_llama_dir: Path) -> None:
+    """Each front end gets its own requests' outputs only; one that goes away has its requests
+    aborted while the other goes on; tell and gather reach the other front end."""
+    from kvserve.engine.process_client import EngineLink
+
+    first = ProcessEngineClient(
+        functools.partial(make_engine, tiny_llama_dir), _answer, start_timeout=600, num_front_ends=2
+    )
+    second = await asyncio.to_thread(EngineLink, first.peer_conns[0], 60)
+    try:
+        assert first.num_front_ends == second.num_front_ends == 2
+        told: list[object] = []
+        second.on_told = told.append
+        second.on_ask = lambda name, args: (name, args, "second")
+        first.tell({"call": "x"})
+        assert await asyncio.to_thread(first.gather, "metrics", 1) == [("metrics", (1,), "second")]
+        for _ in range(100):
+            if told:
+                break
+            await asyncio.sleep(0.02)
+        assert told == [{"call": "x"}]
+
+        prompts = [[1 + i, 2, 3, 4 + i] * 5 for i in range(4)]
+        here = await asyncio.gather(
+            *(_collect(first if i % 2 else second, f"r{i}", p) for i, p in enumerate(prompts))
+        )
+        alone = [await _collect(first, f"alone{i}", p) for i, p in enumerate(prompts)]
+        for mixed, single in zip(here, alone, strict=True):
+            assert [t for o in mixed for t in o.new_token_ids] == [t for o in single for t in o.new_token_ids]
+        assert {o.request_id for o in here[0]} == {"r0"}
+
+        params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
+        stream = second.generate("orphan", list(range(1, 50)), params)
+        async for output in stream:
+            if output.new_token_ids:
+                break
+        second.shutdown()  # the front end goes away mid-stream (no abort sent)
+        for _ in range(200):
+            if await asyncio.to_thread(first.query, "running") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert first.query("running") == 0
+        assert first.is_running and len(await _collect(first, "still", [1, 2, 3])) >= 1
+        assert await asyncio.to_thread(first.gather, "metrics") == []  # nobody else to ask
+    finally:
+        second.shutdown()
+        first.shutdown()
+    assert not first.is_running

@@ -1,0 +1,191 @@
+"""`kvserve serve --api-servers N`: N API front-end processes over the one engine process.
+
+vLLM's `--api-server-count` (issue 21). One front end's event loop (HTTP, rendering,
+detokenization, SSE) is one core; on a GPU that serves hundreds of streams it is the bound. The
+server's own process is front end 0: it starts the engine process with one pipe per front end,
+binds the port, and starts front ends 1..N-1, each a process that gets its pipe and binds the same
+port with SO_REUSEPORT: the kernel spreads new connections evenly over the front ends' sockets (one
+socket shared by all would go to whichever loop wakes first, and asyncio accepts up to 100
+connections in one wake-up: a burst of clients would land on one front end). Each front end owns
+the requests it accepted: their engine outputs come back on its pipe only.
+
+What must not depend on which front end a request lands on is shared: the engine state (cache
+views, engine gauges, the disk tier) is asked of the engine process; /metrics sums every front
+end's request metrics (`EngineLink.gather`); what a front end remembers for the next turn of a
+conversation (exact tool-call text, live sequences) is replicated to the others (`tell`). Only
+front end 0 persists the tool-call memory file. A front end that dies has its requests aborted and
+the others go on; when front end 0 (the server) exits, the engine and every front end exit too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kvserve.engine.client import EngineDeadError
+from kvserve.engine.engine_process import GATHER_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.synchronize import Event as EventType
+
+    from fastapi import FastAPI
+
+    from kvserve.config import EngineConfig
+    from kvserve.engine.process_client import EngineLink
+
+logger = logging.getLogger(__name__)
+
+MAX_AUTO = 4
+
+
+def api_server_count(flag: str, separate_process: bool, config: EngineConfig) -> int:
+    """`--api-servers auto`: 1 without the engine process (CPU, tensor parallelism: the engine
+    shares the server's process); with it, one front end per 4 cores, at most 4."""
+    if flag != "auto":
+        count = int(flag)
+        if count < 1:
+            raise SystemExit("kvserve: --api-servers must be >= 1")
+        if count > 1 and not separate_process:
+            raise SystemExit(
+                "kvserve: --api-servers > 1 needs the engine in its own process (--engine-process on)"
+            )
+        return count
+    if not separate_process:
+        return 1
+    return max(1, min(MAX_AUTO, (os.cpu_count() or 1) // 4))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A front end's listening socket on the server's port (port 0: a free one, which the others
+    then bind too)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise SystemExit(f"kvserve: cannot listen on {host}:{port}: {error.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+class FrontEnds:
+    """Front ends 1..N-1 (processes), started with their pipes and the port of front end 0's socket."""
+
+    def __init__(self, args: argparse.Namespace, conns: list[Connection], sock: socket.socket):
+        args = argparse.Namespace(**{**vars(args), "port": sock.getsockname()[1]})
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        level = logging.getLogger().getEffectiveLevel()
+        self.stopping = False
+        self.processes: list[BaseProcess] = []
+        readies = []
+        for index, conn in enumerate(conns, start=1):
+            ready = context.Event()
+            process = context.Process(
+                target=front_end_main,
+                args=(args, conn, index, level, ready),
+                name=f"kvserve-api-{index}",
+                daemon=True,
+            )
+            process.start()
+            conn.close()  # the child holds it now: its death must close the engine's end
+            self.processes.append(process)
+            readies.append(ready)
+            threading.Thread(target=self._watch, args=(index, process), daemon=True).start()
+        # Serve only once all listen: a burst of clients at the start would find front end 0 alone.
+        for process, ready in zip(self.processes, readies, strict=True):
+            while not ready.wait(1.0) and process.is_alive():
+                pass
+        logger.info(
+            "API front ends: %d processes over one engine (--api-servers): pids %s",
+            len(conns) + 1,
+            " ".join(str(p) for p in [os.getpid(), *(p.pid for p in self.processes)]),
+        )
+
+    def _watch(self, index: int, process: BaseProcess) -> None:
+        process.join()
+        if not self.stopping:
+            logger.error(
+                "API front end %d exited with %s; its requests were aborted, the others go on",
+                index,
+                process.exitcode,
+            )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.stopping = True
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            process.join(timeout)
+            if process.is_alive():
+                logger.warning(
+                    "API front end %s still running after %.0f s; killing it", process.name, timeout
+                )
+                process.kill()
+                process.join(5)
+
+
+def front_end_main(
+    args: argparse.Namespace, conn: Connection, index: int, level: int, ready: EventType
+) -> None:
+    """A front-end process: the server's app over its pipe to the engine, on the server's port."""
+    from kvserve.cli.engine_host import link_handle
+    from kvserve.cli.serve import build_app_over, close_server, exit_cleanly, serve_forever
+    from kvserve.engine.process_client import EngineLink
+
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s %(name)s [api {index}]: %(message)s")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, exit_cleanly)
+    link = EngineLink(conn, start_timeout=600)
+    # The engine went away (the server exited or failed): stop serving.
+    link.on_dead = lambda why: os.kill(os.getpid(), signal.SIGTERM)
+    app: FastAPI | None = None
+    try:
+        app = build_app_over(args, link_handle(link), index)[0]
+        sock = bind(args.host, args.port)
+        ready.set()
+        serve_forever(app, args, sock)
+    finally:
+        if app is not None:
+            close_server(app, link)
+        else:
+            link.shutdown()
+
+
+def peer_metrics(link: EngineLink) -> Callable[[], list[Any]]:
+    """The other front ends' request metrics for a /metrics scrape (none, logged, when they
+    cannot be had: the scrape still answers)."""
+
+    def gather() -> list[Any]:
+        try:
+            return link.gather("metrics", timeout=GATHER_TIMEOUT_S + 5)
+        except (concurrent.futures.TimeoutError, EngineDeadError) as error:
+            logger.warning("/metrics: the other API front ends did not answer (%r)", error)
+            return []
+
+    return gather
+
+
+def peer_answer(app: FastAPI) -> Any:
+    """What this front end tells another one that asks (`EngineLink.on_ask`)."""
+
+    def answer(name: str, args: tuple[Any, ...]) -> Any:
+        if name == "metrics":
+            return app.state.metrics.snapshot()
+        raise LookupError(f"unknown front-end question {name!r}")
+
+    return answer
