@@ -104,7 +104,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="N|auto",
         help="API front-end processes sharing the listening socket and the one engine process, like "
-        "vLLM's --api-server-count (auto: one per 4 cores, at most 4, with the engine process; else 1)",
+        "vLLM's --api-server-count (auto: one per 4 cores, at most 2, with the engine process; else 1)",
     )
     add_engine_args(p)
     add_kv_store_args(p)
