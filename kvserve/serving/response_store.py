@@ -72,7 +72,7 @@ class ResponseStore:
 
     def lookup(self, response_id: str) -> StoredResponse | None:
         with self._lock:
-            if response_id not in self._sizes:
+            if response_id not in self._sizes and not self._adopt(response_id):
                 return None
             self._sizes.move_to_end(response_id)
             if self._db is None:
@@ -94,10 +94,22 @@ class ResponseStore:
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
-            if response_id not in self._sizes:
+            if response_id not in self._sizes and not self._adopt(response_id):
                 return False
             self._forget(response_id)
             return True
+
+    def _adopt(self, response_id: str) -> bool:
+        """A record another process wrote into the same file (`serve --api-servers`: each front end
+        has its own index of the one SQLite file) joins this index; False when there is none."""
+        if self._db is None:
+            return False
+        row = self._db.execute("SELECT size FROM responses WHERE id = ?", (response_id,)).fetchone()
+        if row is None:
+            return False
+        self._sizes[response_id] = row[0]
+        self._num_bytes += row[0]
+        return True
 
     def _forget(self, response_id: str) -> None:
         size = self._sizes.pop(response_id, None)

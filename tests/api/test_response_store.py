@@ -55,6 +55,17 @@ def test_sqlite_persistence_survives_a_restart(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
+def test_front_ends_sharing_the_file_see_each_others_responses(tmp_path: Path) -> None:
+    """`serve --api-servers`: each front end has its own store over the one file; a conversation's
+    next turn may land on another front end."""
+    path = tmp_path / "responses.sqlite"
+    first, second = ResponseStore(path), ResponseStore(path)
+    first.save("resp_1", _stored(1))
+    assert second.lookup("resp_1") == _stored(1) and len(second) == 1
+    assert second.lookup("resp_missing") is None
+    assert second.delete("resp_1") and first.lookup("resp_1") is None and not first.delete("resp_1")
+
+
 async def test_previous_response_id_continues_the_conversation(harness: Harness) -> None:
     first = await harness.openai.responses.create(model=MODEL, input="Hi", instructions="Be brief.")
     fetched = await harness.openai.responses.retrieve(first.id)
