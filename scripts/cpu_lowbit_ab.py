@@ -1,6 +1,6 @@
-"""A/B of this change's fp32 low-bit levers in one engine, interleaved (SmolLM2, --weight-quant int4):
-the one-call decode stack vs the per-layer path, the greedy-exact integer LM head vs the fp32-input
-head, and the int4 prefill GEMM (--int8-prefill) vs the dense fp32 GEMM.
+"""A/B of the fp32 low-bit levers in one engine, interleaved (SmolLM2, --weight-quant int4): the
+one-call decode stack vs the per-layer path, and the int4 prefill GEMM (--int8-prefill) vs the dense
+fp32 GEMM.
 
     .venv/bin/python scripts/cpu_lowbit_ab.py --threads 1
 
@@ -23,27 +23,18 @@ from kvserve.config import EngineConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.models.layers import cpu_ext, lowbit_cpu
-from kvserve.models.layers.quant import WeightOnlyLinear
 
 
-def set_variant(engine: EngineCore, *, stack: bool, new_head: bool, gemm: bool) -> None:
+def set_variant(engine: EngineCore, *, stack: bool, gemm: bool) -> None:
     """Switch the levers (module-level toggles restored by the next call)."""
     causal_lm = engine.runner.model
     causal_lm.model.reset_decode_stack()
     if not stack:
         causal_lm.model._decode_stack_built = True  # as if it could not be built: per-layer path
-    WeightOnlyLinear.forward = _FORWARD if new_head else _old_head_forward
     lowbit_cpu.lowbit_gemm = _GEMM if gemm else (lambda *args, **kwargs: None)
 
 
-_FORWARD = WeightOnlyLinear.forward
 _GEMM = lowbit_cpu.lowbit_gemm
-
-
-def _old_head_forward(self: WeightOnlyLinear, x: torch.Tensor) -> torch.Tensor:
-    if self.bits == 8 and not self.quantize_input and x.shape[0] <= self.max_quant_rows:
-        return lowbit_cpu.lowbit_linear(x, self.qweight, self.scales, 8, self.bias, quantize_x=False)
-    return _FORWARD(self, x)
 
 
 def timed(fn: Callable[[], None]) -> float:
@@ -76,7 +67,7 @@ def main() -> None:
     seeds = iter(range(1000, 2000))  # a fresh prompt every time: no prefix-cache hits
     for i in range(args.repeats + 1):  # round 0: warm-up, not kept
         for name, values in prefill_ms.items():
-            set_variant(engine, stack=True, new_head=True, gemm=name.startswith("int4"))
+            set_variant(engine, stack=True, gemm=name.startswith("int4"))
             prompt = make_prompt(args.prefill_len, 49152, next(seeds))
             engine.add_request(engine.make_request(uuid.uuid4().hex, prompt, one_token))
             ms = timed(lambda: [engine.step() for _ in iter(engine.has_unfinished_requests, False)])
@@ -87,10 +78,8 @@ def main() -> None:
     for _ in range(3):
         engine.step()
     decode_variants = {
-        "per-layer path, fp32-input head (before)": {"stack": False, "new_head": False, "gemm": True},
-        "per-layer path, exact integer head": {"stack": False, "new_head": True, "gemm": True},
-        "one-call stack, fp32-input head": {"stack": True, "new_head": False, "gemm": True},
-        "one-call stack, exact integer head (after)": {"stack": True, "new_head": True, "gemm": True},
+        "per-layer path (before)": {"stack": False, "gemm": True},
+        "one-call stack (after)": {"stack": True, "gemm": True},
     }
     step_ms: dict[str, list[float]] = {name: [] for name in decode_variants}
     for _ in range(args.repeats):
@@ -98,7 +87,7 @@ def main() -> None:
             set_variant(engine, **variant)
             engine.step()  # builds the stack where it is on: not timed
             step_ms[name].append(timed(lambda: [engine.step() for _ in range(args.steps)]) / args.steps)
-    set_variant(engine, stack=True, new_head=True, gemm=True)
+    set_variant(engine, stack=True, gemm=True)
     print(
         f"SmolLM2 fp32 --weight-quant int4, {args.threads} thread(s); medians (min) over {args.repeats} rounds"
     )

@@ -26,7 +26,6 @@ REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 _SOURCES = (
     "bindings.cpp",
     "lowbit_linear.cpp",
-    "lm_head.cpp",
     "lowbit_gemm.cpp",
     "decode_attention.cpp",
     "decode_stack.cpp",

@@ -1,6 +1,6 @@
 """Low-bit weight-only linears for fp32 decode on AVX2 CPUs: the packing, a torch reference of
 the kernel's math, and the calls into the C++ kernels (csrc/lowbit_linear.cpp for decode,
-csrc/lowbit_gemm.cpp for prefill, csrc/lm_head.cpp for the head; built by cpu_ext).
+csrc/lowbit_gemm.cpp for the opt-in int8 prefill; built by cpu_ext).
 
 Why its own format: torch's int4/int8 weight-only CPU ops are fast only with AVX512 (on AVX2
 they lose to the dense fp32 GEMV), so CPUs without it had no low-bit decode. This is ggml's
@@ -103,23 +103,6 @@ def lowbit_linear(
     if ext is None:
         return reference_linear(x, qweight, scales, bits, *args)
     return ext.lowbit_linear(x.contiguous(), qweight, scales, bits, *args)
-
-
-def row_l1(qweight: torch.Tensor, scales: torch.Tensor, bits: Bits) -> torch.Tensor:
-    """Each output row's L1 norm (dequantized) [N]: head_logits' error bound is proportional to it."""
-    return dequantize(qweight, scales, bits).abs().sum(dim=1)
-
-
-def head_logits(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, l1: torch.Tensor
-) -> torch.Tensor:
-    """The LM head's logits [M, N] for fp32 x [M, K], int8 weights: integer dot products, and the rows
-    that can be the argmax recomputed on the fp32 input, bit for bit lowbit_linear(quantize_x=False)'s
-    values there (csrc/lm_head.cpp). Without the kernel: that path's reference."""
-    ext = cpu_ext.load()
-    if ext is None:
-        return reference_linear(x, qweight, scales, 8, quantize_x=False)
-    return ext.lm_head_logits(x.contiguous(), qweight, scales, l1)
 
 
 def pack_for_gemm(qweight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,9 +5,9 @@ Decode GEMVs are memory-bandwidth bound (about 12 GB/s on the 2-core machines he
 bound, where oneDNN's dense kernels win. So each layer keeps its dense weight for large
 batches and a packed low-bit copy for batches of up to `max_quant_rows` tokens:
 - bf16 models: torch's int8/int4 weight-only CPU kernels (fast with AVX512);
-- fp32 models (CPUs without fast bf16): the AVX2 kernel of lowbit_cpu.py (ggml's Q4_1/Q8_0), with
-  an int8 LM head whose argmax is exact (lowbit_cpu.head_logits); opt-in (`int8_prefill`), int4
-  also replaces the dense GEMM of prefill with an int4 x int8 GEMM of the decode kernel's math.
+- fp32 models (CPUs without fast bf16): the AVX2 kernel of lowbit_cpu.py (ggml's Q4_1/Q8_0); opt-in
+  (`int8_prefill`), int4 also replaces the dense GEMM of prefill with an int4 x int8 GEMM of the
+  decode kernel's math.
 
 int4: asymmetric, groups of 32 along the input dim (the Q4_0/Q4_1 grid of GGUF files, so a
 Q4 checkpoint round-trips up to rounding of its scales). int8: symmetric per output row
@@ -59,8 +59,6 @@ class WeightOnlyLinear(nn.Module):
         if weight.dtype == torch.float32:
             self.bits = 8 if scheme == "int8" else 4
             self.qweight, self.scales = lowbit_cpu.quantize(weight, self.bits)
-            if not quantize_input and self.bits == 8:  # the LM head: lowbit_cpu.head_logits
-                self.row_l1 = lowbit_cpu.row_l1(self.qweight, self.scales, self.bits)
             if self.bits == 4 and int8_prefill:  # prefill-sized batches: the int4 GEMM, not the dense one
                 self.gemm_qweight, self.gemm_scales = lowbit_cpu.pack_for_gemm(self.qweight, self.scales)
         elif scheme == "int8":
@@ -80,9 +78,6 @@ class WeightOnlyLinear(nn.Module):
                 if out is not None:
                     return out
             return F.linear(x, self.weight, self.bias)
-        if self.bits == 8 and not self.quantize_input:
-            out = lowbit_cpu.head_logits(x, self.qweight, self.scales, self.row_l1)
-            return out if self.bias is None else out + self.bias
         if self.bits is not None:
             return lowbit_cpu.lowbit_linear(
                 x, self.qweight, self.scales, self.bits, self.bias, quantize_x=self.quantize_input

@@ -12,9 +12,6 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight
 torch::Tensor lowbit_gemm(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
                           int64_t N, const c10::optional<torch::Tensor>& bias);
 
-torch::Tensor lm_head_logits(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
-                             const torch::Tensor& row_l1);
-
 torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                const torch::Tensor& cache, const torch::Tensor& slot_mapping,
                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens,

@@ -1,5 +1,5 @@
 // The dot products of the low-bit kernels (ggml's Q4_1 / Q8_0 weights against int8 or fp32 activations),
-// shared by lowbit_linear.cpp (the fused linears) and lm_head.cpp (the greedy-exact LM head).
+// used by lowbit_linear.cpp (the fused linears).
 // Formats: see lowbit_linear.cpp.
 #pragma once
 
