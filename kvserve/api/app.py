@@ -36,17 +36,15 @@ def create_app(
     engine_stats: EngineStatsSource | None = None,
     cache_view: CacheViewSource | None = None,
     checkpoint_tokens: CheckpointTokens | None = None,
-    metrics_peers: metrics.PeerSnapshots | None = None,
 ) -> FastAPI:
     """`response_store` defaults to an in-memory one (`kvserve serve` passes a persistent one);
     `engine_stats` feeds the engine gauges of /metrics; `cache_view` (RAM pool, disk checkpoints)
-    and `checkpoint_tokens` (a checkpoint's exact tokens) feed the web console; `metrics_peers`
-    (the other API front ends' request metrics, `serve --api-servers`) are summed into /metrics."""
+    and `checkpoint_tokens` (a checkpoint's exact tokens) feed the web console."""
     settings = settings or ApiSettings()
     app = FastAPI(title="kvserve", version=__version__)
     app.state.chat_service = service
     app.state.settings = settings
-    app.state.metrics = metrics.Metrics(engine_stats, metrics_peers)
+    app.state.metrics = metrics.Metrics(engine_stats)
     app.state.response_store = response_store or ResponseStore()
     app.state.console = console.ConsoleState(
         service.recorder,

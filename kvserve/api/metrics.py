@@ -57,7 +57,7 @@ class Metrics:
     ) -> None:
         self.registry = CollectorRegistry()  # what /metrics shows: this front end's and the engine's
         self.own = CollectorRegistry()  # this front end's alone, summed with its peers' when it has some
-        self.peers = peers
+        self.peers = peers  # set by `cli/api_servers.py` when there are several front ends
         self.registry.register(_Summed(self))
         r = self.own
         self.requests = Counter("kvserve_http_requests", "HTTP requests", ["path", "status"], registry=r)

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
+import functools
 import logging
 import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kvserve.api.errors import ApiError
 from kvserve.engine.client import EngineDeadError
 from kvserve.engine.engine_process import GATHER_TIMEOUT_S
 
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 
     from kvserve.config import EngineConfig
     from kvserve.engine.process_client import EngineLink
+    from kvserve.serving.chat_service import ChatService
 
 logger = logging.getLogger(__name__)
 
@@ -168,26 +171,67 @@ def front_end_main(
             link.shutdown()
 
 
-def peer_metrics(link: EngineLink) -> Callable[[], list[Any]]:
-    """The other front ends' request metrics for a /metrics scrape (none, logged, when they
-    cannot be had: the scrape still answers)."""
+def wire_front_end(app: FastAPI, link: EngineLink, index: int) -> None:
+    """What makes front end `index` one of several (module docstring): the state it shares, the
+    peers its /metrics sums, the web console it answers (front end 0's)."""
+    service = app.state.chat_service
+    service.share = link.tell  # the next turn of a conversation may land on another front end
+    link.on_told = functools.partial(_told, service, index)
+    link.on_ask = functools.partial(_answer, app, index)
+    app.state.metrics.peers = functools.partial(_gather, link, "metrics")
+    console = app.state.console
+    if index == 0:
+        peer_live = functools.partial(_gather_live, link)
+        app.state.console = dataclasses.replace(console, peer_live=peer_live)
+    else:
+        service.recorder.forward = lambda record: link.tell(("request_record", record))
+        app.state.console = dataclasses.replace(console, ask_primary=functools.partial(_ask_primary, link))
 
-    def gather() -> list[Any]:
-        try:
-            return link.gather("metrics", timeout=GATHER_TIMEOUT_S + 5)
-        except (concurrent.futures.TimeoutError, EngineDeadError) as error:
-            logger.warning("/metrics: the other API front ends did not answer (%r)", error)
-            return []
 
-    return gather
+def _told(service: ChatService, index: int, message: Any) -> None:
+    if message[0] != "request_record":
+        service.apply_shared(message)
+    elif index == 0:  # the console's recorder
+        service.recorder.adopt(message[1])
 
 
-def peer_answer(app: FastAPI) -> Any:
+def _answer(app: FastAPI, index: int, name: str, args: tuple[Any, ...]) -> Any:
     """What this front end tells another one that asks (`EngineLink.on_ask`)."""
+    from kvserve.api.console.routes import request_model, requests_response
 
-    def answer(name: str, args: tuple[Any, ...]) -> Any:
-        if name == "metrics":
-            return app.state.metrics.snapshot()
-        raise LookupError(f"unknown front-end question {name!r}")
+    console = app.state.console
+    if name == "metrics":
+        return app.state.metrics.snapshot()
+    if name == "live":
+        return console.recorder.live()
+    if index != 0:  # the console's questions are front end 0's to answer
+        return None
+    if name == "console_requests":
+        return ("from 0", requests_response(console, *args).model_dump())
+    if name == "console_request":
+        found = request_model(console, *args)
+        return ("from 0", None if found is None else found.model_dump())
+    if name == "console_hit_rate":
+        return ("from 0", console.recorder.hit_rate_series())
+    raise LookupError(f"unknown front-end question {name!r}")
 
-    return answer
+
+def _gather(link: EngineLink, name: str, *args: Any) -> list[Any]:
+    """The other front ends' answers (none, logged, when they cannot be had: the caller still
+    answers with its own)."""
+    try:
+        return link.gather(name, *args, timeout=GATHER_TIMEOUT_S + 5)
+    except (concurrent.futures.TimeoutError, EngineDeadError) as error:
+        logger.warning("the other API front ends did not answer %r (%r)", name, error)
+        return []
+
+
+def _gather_live(link: EngineLink) -> list[Any]:
+    return [r for answer in _gather(link, "live") if answer is not None for r in answer]
+
+
+def _ask_primary(link: EngineLink, name: str, args: tuple[Any, ...]) -> Any:
+    for answer in _gather(link, name, *args):
+        if isinstance(answer, tuple) and answer[0] == "from 0":
+            return answer[1]
+    raise ApiError(503, "the API front end that keeps the console's records did not answer")

@@ -194,7 +194,7 @@ def build_app_over(
     """The app of API front end `index` over a started engine (`build_app`; `api_servers.py`)."""
     from kvserve.api.app import create_app
     from kvserve.api.settings import ApiSettings
-    from kvserve.cli.api_servers import peer_answer, peer_metrics
+    from kvserve.cli.api_servers import wire_front_end
     from kvserve.serving.chat_service import ChatService
     from kvserve.serving.live_sequences import LiveSequences
     from kvserve.serving.response_store import ResponseStore
@@ -227,10 +227,6 @@ def build_app_over(
     if handle.disk_dir is not None and index == 0:
         tokenize = functools.partial(service.tokenize, add_special_tokens=False)
         handle.set_turn_markers(turn_markers(service.renderer, tokenize))
-    several = getattr(engine, "num_front_ends", 1) > 1
-    if several:  # the next turn of a conversation may land on another front end
-        service.share = engine.tell
-        engine.on_told = service.apply_shared
     settings = ApiSettings(
         served_model_name=model_name,
         api_key=args.api_key,
@@ -246,10 +242,9 @@ def build_app_over(
         engine_stats=handle.engine_stats,
         cache_view=handle.cache_view,
         checkpoint_tokens=handle.checkpoint_tokens,
-        metrics_peers=peer_metrics(engine) if several else None,
     )
-    if several:
-        engine.on_ask = peer_answer(app)
+    if getattr(engine, "num_front_ends", 1) > 1:
+        wire_front_end(app, engine, index)
     app.state.closers = []
     if handle.disk_dir is not None and service.tool_memory is not None and index == 0:
         # Exact replay after a restart needs the sampled call text beside the restored checkpoints

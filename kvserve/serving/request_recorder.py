@@ -132,6 +132,9 @@ class RequestRecorder:
         self._kept: deque[tuple[int, int]] = deque()  # (seq, num tokens) of records that keep tokens
         self._num_kept_tokens = 0
         self._seq = 0
+        # `serve --api-servers`: set in front ends 1..N-1, whose finished records also go to front
+        # end 0's recorder (`adopt` there), the one the web console reads.
+        self.forward: Callable[[RequestRecord], None] | None = None
 
     # -- writers (the event loop; note_source: the engine thread) ---------------------
 
@@ -172,6 +175,17 @@ class RequestRecorder:
                 run.finish_reason or "aborted",
                 tokens,
             )
+            self._append(record)
+            self._count_hit(record)
+        if self.forward is not None:
+            self.forward(record)
+
+    def adopt(self, record: RequestRecord) -> None:
+        """A request another front end of this server finished: recorded here, under this
+        recorder's own sequence number (the console's cursor)."""
+        with self._lock:
+            self._seq += 1
+            record = replace(record, seq=self._seq)
             self._append(record)
             self._count_hit(record)
 

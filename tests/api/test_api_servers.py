@@ -85,6 +85,10 @@ def _wait_idle(url: str, timeout_s: float = 60) -> None:
         time.sleep(0.2)
 
 
+def _console(url: str) -> dict:
+    return httpx.get(f"{url}/kvserve/v1/requests", params={"limit": 100}, timeout=30).json()
+
+
 def _pids(log: Path) -> list[int]:
     found = re.search(r"over one engine \(--api-servers\): pids ([\d ]+)", log.read_text())
     assert found, log.read_text()[-3000:]
@@ -116,6 +120,18 @@ def test_two_front_ends_over_one_engine(model_dir: Path, tmp_path: Path) -> None
         assert "[api 1]: request_id" in served and re.search(r"kvserve.access: request_id", served)
         assert _metric(url, 'kvserve_http_requests_total{path="/v1/chat/completions"') == 16
         assert _metric(url, "kvserve_generation_tokens_total") == 16 * 12
+        deadline = time.monotonic() + 10  # front end 1's records reach front end 0 through the engine
+        while _console(url)["last_seq"] < 16 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # Whichever front end answers (a new connection each: SO_REUSEPORT spreads them; the console's
+        # routes are logged at debug level only), the console has every request.
+        for _ in range(10):
+            listed = _console(url)
+            assert len(listed["recent"]) == 16 and listed["last_seq"] == 16
+            one = listed["recent"][0]["request_id"]
+            assert httpx.get(f"{url}/kvserve/v1/requests/{one}", timeout=30).json()["request_id"] == one
+            hits = httpx.get(f"{url}/kvserve/v1/cache", timeout=30).json()["hit_rate"]
+            assert sum(b["num_requests"] for b in hits) == 16
 
         async def leave() -> None:
             await asyncio.wait_for(asyncio.gather(*(_leave_mid_stream(url) for _ in range(6))), 120)

@@ -8,9 +8,10 @@ every data route sits behind `--api-key` like the rest of the server.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
@@ -33,7 +34,7 @@ from kvserve.api.errors import ApiError
 from kvserve.serving.cache_view import CacheView, CacheViewSource, CheckpointView
 from kvserve.serving.engine_stats import EngineStatsSource
 from kvserve.serving.prompt_divergence import DivergenceFinder
-from kvserve.serving.request_recorder import RequestRecord, RequestRecorder
+from kvserve.serving.request_recorder import HitRateBucket, LiveRequest, RequestRecord, RequestRecorder
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_PREFIX = "/console"
@@ -44,10 +45,16 @@ page_router = APIRouter(include_in_schema=False)
 
 @dataclass(frozen=True)
 class ConsoleState:
+    """With several API front ends (`serve --api-servers`) front end 0's recorder holds every
+    finished request: it adds the others' requests in flight (`peer_live`), and the others answer
+    the console from it (`ask_primary(name, args)`, blocking)."""
+
     recorder: RequestRecorder
     divergences: DivergenceFinder
     cache_view: CacheViewSource | None = None
     engine_stats: EngineStatsSource | None = None
+    peer_live: Callable[[], list[LiveRequest]] | None = None
+    ask_primary: Callable[[str, tuple[Any, ...]], Any] | None = None
 
 
 def _state(request: Request) -> ConsoleState:
@@ -68,19 +75,43 @@ async def list_requests(
     """Requests in flight (with prefill progress) and recently finished ones (where each prompt
     came from, and where it diverged from the best earlier prefix)."""
     state = _state(request)
-    live = [LiveRequestModel.model_validate(r) for r in state.recorder.live()]  # on the loop: reads runs
-    records = state.recorder.recent(after, limit)
-    recent = await run_in_threadpool(lambda: [_record_model(state, r) for r in records])
-    return RequestsResponse(in_flight=live, recent=recent, last_seq=state.recorder.last_seq)
+    if state.ask_primary is not None:
+        found = await run_in_threadpool(state.ask_primary, "console_requests", (after, limit))
+        return RequestsResponse.model_validate(found)
+    live = state.recorder.live()  # on the loop: reads runs
+    return await run_in_threadpool(requests_response, state, after, limit, live)
+
+
+def requests_response(
+    state: ConsoleState, after: int, limit: int, live: list[LiveRequest] | None = None
+) -> RequestsResponse:
+    """/requests, off the loop (`live`: this front end's in flight, when read on its loop)."""
+    live = state.recorder.live() if live is None else live
+    if state.peer_live is not None:
+        live = sorted([*live, *state.peer_live()], key=lambda r: r.started)
+    recent = [_record_model(state, r) for r in state.recorder.recent(after, limit)]
+    return RequestsResponse(
+        in_flight=[LiveRequestModel.model_validate(r) for r in live],
+        recent=recent,
+        last_seq=state.recorder.last_seq,
+    )
 
 
 @router.get("/requests/{request_id}", response_model=RequestRecordModel)
 async def get_request(request_id: str, request: Request) -> RequestRecordModel:
     state = _state(request)
-    record = state.recorder.get(request_id)
-    if record is None:
+    if state.ask_primary is not None:
+        found = await run_in_threadpool(state.ask_primary, "console_request", (request_id,))
+    else:
+        found = await run_in_threadpool(request_model, state, request_id)
+    if found is None:
         raise ApiError(404, f"no recent request {request_id!r}", param="request_id", code="not_found")
-    return await run_in_threadpool(_record_model, state, record)
+    return RequestRecordModel.model_validate(found)
+
+
+def request_model(state: ConsoleState, request_id: str) -> RequestRecordModel | None:
+    record = state.recorder.get(request_id)
+    return None if record is None else _record_model(state, record)
 
 
 def _record_model(state: ConsoleState, record: RequestRecord) -> RequestRecordModel:
@@ -101,7 +132,7 @@ async def cache_summary(request: Request) -> CacheResponse:
         disk=None if view is None or view.disk is None else DiskSummaryModel.model_validate(view.disk),
         prefix_cache_hit_rate=None if stats is None else stats.prefix_cache_hit_rate,
         hit_rate_bucket_s=state.recorder.bucket_s,
-        hit_rate=[HitRatePoint.model_validate(b) for b in state.recorder.hit_rate_series()],
+        hit_rate=[HitRatePoint.model_validate(b) for b in await _hit_rate_series(state)],
     )
 
 
@@ -135,6 +166,12 @@ async def list_checkpoints(
     for model in page:
         model.age_s = max(0.0, now - model.created)
     return CheckpointsResponse(total=len(rows), sort=sort, order=order, checkpoints=page)
+
+
+async def _hit_rate_series(state: ConsoleState) -> list[HitRateBucket]:
+    if state.ask_primary is not None:
+        return await run_in_threadpool(state.ask_primary, "console_hit_rate", ())
+    return state.recorder.hit_rate_series()
 
 
 async def _cache_view(state: ConsoleState) -> CacheView | None:
