@@ -13,7 +13,8 @@ What must not depend on which front end a request lands on is shared: the engine
 views, engine gauges, the disk tier) is asked of the engine process; /metrics sums every front
 end's request metrics (`EngineLink.gather`); what a front end remembers for the next turn of a
 conversation (exact tool-call text, live sequences) is replicated to the others (`tell`). Only
-front end 0 persists the tool-call memory file. A front end that dies has its requests aborted and
+front end 0 persists the tool-call memory file, and its request recorder is the web console's: the
+others forward their finished requests to it and ask it the console's questions. A front end that dies has its requests aborted and
 the others go on; when front end 0 (the server) exits, the engine and every front end exit too.
 """
 
