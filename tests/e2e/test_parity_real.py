@@ -25,7 +25,7 @@ from kvserve.models.loaded import LoadedModel
 from kvserve.models.loader import ContextRequest, load_model
 from tests.models.helpers import PagedDriver
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 NUM_NEW_TOKENS = 64
 NUM_GENERATE_TOKENS = 16  # the generate() cross-check; the 64-token check is teacher-forced

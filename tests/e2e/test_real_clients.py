@@ -27,7 +27,7 @@ from tests.npm_clients import CLAUDE_CODE, CODEX, installed_client
 from tests.recording_proxy import Exchange, RecordingProxy, recording_proxy
 from tests.serve_process import running_server
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 IS_FULL = os.environ.get("KVSERVE_TEST_CLIENTS_FULL") == "1"
 QUESTION = "What is the capital of France?"  # SmolLM2 answers it in one sentence, then ends its turn
