@@ -4,6 +4,7 @@ the shared server fixture and the per-protocol checks of test_client_fixtures_*.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,9 +54,13 @@ def serve_model(model: str, max_model_len: int) -> Iterator[str]:
 
 
 def post_fixture(url: str, path: str, fixture: str, **overrides: object) -> list[tuple[str | None, object]]:
+    """POST a recorded first request (`overrides` replace its fields); its SSE frames. Prints the wall
+    time (shown with -s): the long fixtures' figures in docs/clients.md."""
     body = {**json.loads((FIXTURES / fixture).read_text()), **overrides}
+    started = time.monotonic()
     with httpx.Client(base_url=url, timeout=600) as client:
         response = client.post(path, json=body)
+    print(f"\n{fixture} at {url}: {time.monotonic() - started:.1f} s")
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/event-stream")
     return parse_sse(response.text)

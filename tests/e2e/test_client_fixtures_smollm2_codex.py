@@ -4,26 +4,17 @@ test_client_fixtures_smollm2_claude.py."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-
 import pytest
 
-from tests.e2e.client_fixtures import check_codex_stream, post_fixture, serve_model
+from tests.e2e.client_fixtures import check_codex_stream, post_fixture
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 TRAINED_CONTEXT = 8192
 
 
-@pytest.fixture(scope="module")
-def smollm2_url() -> Iterator[str]:
-    with serve_model("smollm2", 32768) as url:
-        yield url
-
-
-def test_codex_first_request_past_the_trained_context(smollm2_url: str) -> None:
-    start = time.monotonic()
-    frames = post_fixture(smollm2_url, "/v1/responses", "codex-0.171.0_responses.json", max_output_tokens=8)
-    print(f"\nCodex 0.171.0 first request on SmolLM2 at 32K: {time.monotonic() - start:.1f} s")
+def test_codex_first_request_past_the_trained_context(smollm2_32k_url: str) -> None:
+    frames = post_fixture(
+        smollm2_32k_url, "/v1/responses", "codex-0.171.0_responses.json", max_output_tokens=8
+    )
     check_codex_stream(frames, min_prompt_tokens=TRAINED_CONTEXT)
