@@ -264,9 +264,10 @@ def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int
         logger.info("CPU decode kernels: %s", "on" if cpu_ext.load() is not None else "off")
     if apply_weight_quant(loaded.model, config.weight_quant, int8_prefill=config.int8_prefill):
         logger.info(
-            "weight-only %s for batches of <= %d tokens",
+            "weight-only %s for batches of <= %d tokens%s",
             config.weight_quant,
             default_max_quant_rows(config.weight_quant, config.torch_dtype),
+            "; larger ones (prefill) on the int4 x int8 GEMM (--int8-prefill)" if config.int8_prefill else "",
         )
     return max_model_len, _resolve_num_blocks(config, loaded, max_model_len)
 
