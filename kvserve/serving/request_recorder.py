@@ -159,10 +159,9 @@ class RequestRecorder:
         num_cached = run.num_cached_tokens if run.prefill.is_done else run.prefill.num_cached_tokens
         num_disk = entry.source.num_disk_tokens if entry.source is not None else 0
         tokens = array("i", entry.prompt_token_ids)  # 4 bytes a token instead of a list's ~36
-        with self._lock:
-            self._seq += 1
-            record = RequestRecord(
-                self._seq,
+        record = self.adopt(
+            RequestRecord(
+                0,  # numbered by `adopt`
                 request_id,
                 entry.started,
                 len(tokens),
@@ -175,19 +174,20 @@ class RequestRecorder:
                 run.finish_reason or "aborted",
                 tokens,
             )
-            self._append(record)
-            self._count_hit(record)
+        )
         if self.forward is not None:
             self.forward(record)
 
-    def adopt(self, record: RequestRecord) -> None:
-        """A request another front end of this server finished: recorded here, under this
-        recorder's own sequence number (the console's cursor)."""
+    def adopt(self, record: RequestRecord) -> RequestRecord:
+        """A finished request recorded here under this recorder's next sequence number (the
+        console's cursor): this front end's own (`end`), or one another front end of this server
+        finished. Returns it numbered."""
         with self._lock:
             self._seq += 1
             record = replace(record, seq=self._seq)
             self._append(record)
             self._count_hit(record)
+        return record
 
     def _append(self, record: RequestRecord) -> None:
         if len(self._records) == self._records.maxlen:
