@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from kvserve.engine.request import FinishReason, Logprob, Request
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One sequence's share of a step: compute `num_new_tokens` tokens starting at
     `request.num_computed_tokens`, whose KV goes into `block_ids` (the full block table)."""
@@ -55,9 +55,14 @@ class RunnerOutput:
     logprobs: dict[str, Logprob] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EngineOutput:
-    """What a client sees after a step: new tokens of one request, and its end if it ended."""
+    """What a client sees after a step: new tokens of one request, and its end if it ended.
+
+    Treated as immutable (`merge_outputs` builds a new one), but not declared frozen: a frozen
+    dataclass's __init__ sets each field through object.__setattr__, ~1.9 µs against ~0.3 µs here,
+    and one is built per request per step in the engine and again in each API front end (at 256
+    streams, ~100K a second; issue 21)."""
 
     request_id: str
     new_token_ids: tuple[int, ...]

@@ -48,23 +48,35 @@ class PendingStep:
 def can_overlap(scheduler: Scheduler, num_free_blocks: int) -> bool:
     """The next step can be launched before the pending one (if any) is read: every running request
     is a plain-greedy one-token decode that cannot end by length in it, nothing waits or aborts,
-    and every request can get a new block without preempting anyone."""
+    and every request can get a new block without preempting anyone.
+
+    Asked before every decode step for every running request (256 of them at a time on a GPU), so
+    the per-request test is a few integer compares against a limit computed once per request."""
     running = scheduler.running
     if not running or scheduler.waiting or scheduler.has_pending_aborts:
         return False
     if num_free_blocks < len(running):
         return False
-    return all(_decodes_greedily(r, scheduler.token_limit(r)) for r in running)
+    for request in running:
+        limit = request.overlap_limit
+        if limit is None:
+            limit = request.overlap_limit = overlap_limit(request, scheduler.token_limit(request))
+        num_output = len(request.output_token_ids)
+        # A one-token decode: everything but the last sampled token is computed.
+        if not (
+            0 < num_output
+            and num_output + 1 < limit
+            and request.num_computed_tokens == len(request.prompt_token_ids) + num_output - 1
+        ):
+            return False
+    return True
 
 
-def _decodes_greedily(request: Request, token_limit: int) -> bool:
+def overlap_limit(request: Request, token_limit: int) -> int:
+    """The request may take part in an overlapped step while its output count n has n + 1 < this
+    limit (after the step's token it must still be short of max_tokens and of the context: see
+    scheduler._check_stop); 0 for a request that never can (sampling, logprobs, a grammar...)."""
     params = request.sampling_params
-    return (
-        request.num_tokens - request.num_computed_tokens == 1
-        and request.num_output_tokens > 0
-        and request.constraint is None
-        and is_plain_greedy(params)
-        # After this step's token the request must still be short of both limits (scheduler._check_stop).
-        and request.num_output_tokens + 1 < params.max_tokens
-        and request.num_tokens + 1 < token_limit
-    )
+    if request.constraint is not None or not is_plain_greedy(params):
+        return 0
+    return min(params.max_tokens, token_limit - len(request.prompt_token_ids))

@@ -79,6 +79,7 @@ class Request:
     constraint: TokenConstraint | None = None  # grammar-constrained decoding; None: free
     error: str | None = None  # set with FINISHED_ERROR
     checkpoint_hint: CheckpointHint | None = None  # explicit disk checkpoints (agent sessions)
+    overlap_limit: int | None = None  # engine/overlap.py's, computed at its first check
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -147,33 +147,56 @@ class Scheduler:
         """Account a launched one-token decode step whose tokens are not known yet: each request's KV
         grows by one token and it gets PENDING_TOKEN as its next output. The caller guarantees that
         no request can end on its length in this step (only a token's value can end it)."""
+        kv = self.kv
+        block_size = kv.block_size
         for s in scheduled:
             request = s.request
-            assert s.num_new_tokens == 1 and s.samples
+            assert s.num_new_tokens == 1
             request.num_computed_tokens += 1
-            # Full blocks up to here hold known tokens only: the pending one is the last token.
-            self.kv.cache_blocks(request, request.num_computed_tokens)
+            # Full blocks up to here hold known tokens only: the pending one is the last token. The
+            # blocks before are registered already, so only a step that fills a block has one to add.
+            if request.num_computed_tokens % block_size == 0:
+                kv.cache_blocks(request, request.num_computed_tokens)
             request.output_token_ids.append(PENDING_TOKEN)
 
     def resolve_pending(self, requests: list[Request], token_ids: list[int]) -> list[EngineOutput]:
-        """The tokens of a step accounted by update_pending: stop checks and outputs, as update() does."""
+        """The tokens of a step accounted by update_pending: stop checks and outputs, as update() does
+        (update_pending's caller ruled out a stop by length)."""
         outputs = []
+        any_finished = False
+        output = self._output
         for request, token_id in zip(requests, token_ids, strict=True):
-            assert request.output_token_ids[-1] == PENDING_TOKEN
-            request.output_token_ids[-1] = token_id
-            self._check_stop(request, token_id)
-            outputs.append(self._output(request, token_id, None))
-        self._release_finished()
+            output_ids = request.output_token_ids
+            assert output_ids[-1] == PENDING_TOKEN
+            output_ids[-1] = token_id
+            if _stops_on(request, token_id):
+                request.status = RequestStatus.FINISHED_STOPPED
+                any_finished = True
+            outputs.append(output(request, token_id, None))
+        if any_finished:  # else skip a pass over every running request, once per step
+            self._release_finished()
         return outputs
 
     def _schedule_running(self, plan: _StepPlan) -> None:
+        # Runs for every running request every step (256 of them on a GPU), hence written out flat:
+        # the chunk, the allocation and the plan entry without a method call each.
+        kv = self.kv
+        threshold = self.long_prefill_token_threshold
+        running = self.running
+        decodes, prefills = plan.decodes, plan.prefills
         index = 0
-        while index < len(self.running) and plan.token_budget > 0:
-            request = self.running[index]
-            num_new_tokens = self._chunk(request.num_tokens - request.num_computed_tokens, plan)
-            if not self._allocate_or_preempt(request, num_new_tokens, plan):
+        while index < len(running) and plan.token_budget > 0:
+            request = running[index]
+            num_output = len(request.output_token_ids)
+            num_remaining = len(request.prompt_token_ids) + num_output - request.num_computed_tokens
+            num_new_tokens = min(num_remaining, plan.token_budget, threshold or num_remaining)
+            if kv.allocate_slots(request, num_new_tokens) is None and not self._allocate_or_preempt(
+                request, num_new_tokens, plan
+            ):
                 return  # it preempted itself, being the last running request
-            plan.add(request, num_new_tokens, self.kv.block_ids(request.request_id))
+            scheduled = ScheduledRequest(request, num_new_tokens, kv.block_ids(request.request_id))
+            (decodes if num_output and num_new_tokens == 1 else prefills).append(scheduled)
+            plan.token_budget -= num_new_tokens
             index += 1
 
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int, plan: _StepPlan) -> bool:
@@ -236,8 +259,7 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token_id: int) -> None:
         params = request.sampling_params
-        is_eos = token_id in request.eos_token_ids and not params.ignore_eos
-        if is_eos or token_id in params.stop_token_ids:
+        if _stops_on(request, token_id):
             request.status = RequestStatus.FINISHED_STOPPED
         elif request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.token_limit(
             request
@@ -255,15 +277,23 @@ class Scheduler:
 
     @staticmethod
     def _output(request: Request, token_id: int | None, logprob: Logprob | None) -> EngineOutput:
+        # Positional: built for every request every step (keywords cost a third more).
         return EngineOutput(
-            request_id=request.request_id,
-            new_token_ids=() if token_id is None else (token_id,),
-            new_logprobs=() if logprob is None else (logprob,),
-            finish_reason=request.finish_reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            error=request.error,
+            request.request_id,
+            () if token_id is None else (token_id,),
+            () if logprob is None else (logprob,),
+            request.finish_reason,
+            len(request.prompt_token_ids),
+            max(request.num_cached_tokens, 0),
+            0,
+            request.error,
         )
+
+
+def _stops_on(request: Request, token_id: int) -> bool:
+    """EOS (unless ignored) or one of the request's stop token ids."""
+    params = request.sampling_params
+    return (token_id in request.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids
 
 
 def _advance_constraint(request: Request, token_id: int) -> None:

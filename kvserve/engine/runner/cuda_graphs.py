@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.engine.outputs import ScheduledRequest
+from kvserve.engine.runner.decode_staging import IDS, POSITIONS, SEQ_LENS, SLOTS, StagedRows, pad_rows
 from kvserve.engine.sampler import logits_and_greedy
 from kvserve.models.layers.attention.metadata import AttentionMetadata, forward_context
 from kvserve.models.layers.attention.triton_backend import TritonBackend
@@ -29,7 +30,6 @@ from kvserve.models.layers.attention.triton_decode import choose_num_splits
 logger = logging.getLogger(__name__)
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-_IDS, _POSITIONS, _SLOTS, _SEQ_LENS = range(4)  # rows of the packed per-token buffer
 _FULL_ROWS_BYTES = 128 * 1024  # up to this, a step uploads whole block-table rows (see run())
 
 
@@ -38,14 +38,6 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     logits: torch.Tensor  # [batch_size, vocab] float32, the graph's output buffer
     greedy_ids: torch.Tensor  # [batch_size] int64: the logits' argmax, also computed in the graph
-
-
-def token_at(scheduled: ScheduledRequest, position: int) -> int:
-    """The token at `position` without building prompt + output (all_token_ids copies both)."""
-    prompt = scheduled.request.prompt_token_ids
-    if position < len(prompt):
-        return prompt[position]
-    return scheduled.request.output_token_ids[position - len(prompt)]
 
 
 def _upload_layout(max_batch_size: int, max_blocks_per_seq: int, *, device=None, pin_memory=False):
@@ -70,15 +62,7 @@ class _Staging:
         self.buffer, self.packed, self.tables = _upload_layout(
             max_batch_size, max_blocks_per_seq, pin_memory=True
         )
-        self.packed_np = self.packed.numpy()
-        self.tables_np = self.tables.numpy()
-
-
-def _pad_rows(packed, start: int, end: int) -> None:
-    packed[_IDS, start:end] = 0
-    packed[_POSITIONS, start:end] = 0
-    packed[_SLOTS, start:end] = -1
-    packed[_SEQ_LENS, start:end] = 1
+        self.rows = StagedRows(self.packed.numpy(), self.tables.numpy())
 
 
 class DecodeGraphs:
@@ -126,26 +110,12 @@ class DecodeGraphs:
         size = next(b for b in self.sizes if b >= num_seqs and b in self._graphs)
         staging = self._staging[self._flip]
         self._flip ^= 1
-        packed, block_size = staging.packed_np, self.block_size
-        width = max(s.start for s in scheduled) // block_size + 1  # block-table columns in use
         # Full table rows when they are few: packed rows and tables then go up in one copy. Else a
         # compact [num_seqs, width] staging (a 256-stream step would upload 8 MB of full rows),
         # scattered into the rows on the device.
         full_rows = num_seqs * self._max_blocks * 4 <= _FULL_ROWS_BYTES
-        if full_rows:
-            tables = staging.tables_np
-        else:
-            tables = staging.tables_np.reshape(-1)[: num_seqs * width].reshape(num_seqs, width)
-        for row, s in enumerate(scheduled):
-            position = s.start
-            if input_ids is None:
-                packed[_IDS, row] = token_at(s, position)
-            packed[_POSITIONS, row] = position
-            packed[_SLOTS, row] = s.block_ids[position // block_size] * block_size + position % block_size
-            packed[_SEQ_LENS, row] = position + 1
-            num_blocks = position // block_size + 1
-            tables[row, :num_blocks] = s.block_ids[:num_blocks]
-        _pad_rows(packed, num_seqs, size)
+        width = staging.rows.fill(scheduled, self.block_size, full_rows=full_rows, with_ids=input_ids is None)
+        pad_rows(staging.rows.packed, num_seqs, size)
         if full_rows:
             # Up to the last row's last block in use (a 128K context has 32 KB rows).
             num_bytes = self._packed_bytes + ((num_seqs - 1) * self._max_blocks + width) * 4
@@ -156,7 +126,7 @@ class DecodeGraphs:
             staged.copy_(staging.tables.view(-1)[: num_seqs * width], non_blocking=True)
             self._tables[:num_seqs, :width].copy_(staged.view(num_seqs, width))
         if input_ids is not None:  # stream-ordered after the step that computes them
-            self._packed[_IDS, :num_seqs].copy_(input_ids)
+            self._packed[IDS, :num_seqs].copy_(input_ids)
         graph = self._graphs[size]
         graph.graph.replay()
         self.num_replays += 1
@@ -173,7 +143,7 @@ class DecodeGraphs:
         # Largest first: the smaller graphs reuse its activations in the shared pool.
         for size in reversed(self.sizes):
             staging = self._staging[0]
-            _pad_rows(staging.packed_np, 0, size)
+            pad_rows(staging.rows.packed, 0, size)
             self._packed.copy_(staging.packed)
             self._graphs[size] = self._capture(size, pool)
             used = torch.cuda.memory_reserved() - reserved_before
@@ -188,16 +158,16 @@ class DecodeGraphs:
         metadata = AttentionMetadata(
             block_size=self.block_size,
             num_decodes=size,
-            slot_mapping=self._packed[_SLOTS, :size],
+            slot_mapping=self._packed[SLOTS, :size],
             block_tables=self._tables[:size],
-            seq_lens=self._packed[_SEQ_LENS, :size],
+            seq_lens=self._packed[SEQ_LENS, :size],
             query_start_loc_cpu=list(range(size + 1)),
             seq_lens_cpu=[1] * size,  # unused: the split count below is fixed per graph
             context_lens_cpu=[0] * size,
         )
         num_kv_heads = self.model.kv_cache_spec()[1]
         self.backend.graph_num_splits = choose_num_splits(size, num_kv_heads, None, self.backend.num_sms)
-        ids, positions = self._packed[_IDS, :size], self._packed[_POSITIONS, :size]
+        ids, positions = self._packed[IDS, :size], self._packed[POSITIONS, :size]
         try:
             with forward_context(metadata):
                 for _ in range(2):  # compile the kernels and settle the allocator outside the capture
