@@ -14,6 +14,7 @@ Between front ends the engine is also the hub: `tell` forwards a message to ever
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import itertools
 import logging
 import os
@@ -56,6 +57,11 @@ def engine_main(
         logger.exception("the engine failed to start")
         conns[0].send_bytes(ipc.dumps(("fatal", f"the engine failed to start: {error}")))
         return
+    # The model, tokenizer and start-up objects live as long as the process: out of the collector's
+    # sight, a full collection no longer walks them while steps allocate thousands of outputs a
+    # second (as vLLM's engine core does after its start-up).
+    gc.collect()
+    gc.freeze()
     EngineProcess(core, answer, conns).run()
 
 
