@@ -66,6 +66,9 @@ def main() -> None:
     p.add_argument("--min-prompts", type=int, default=8)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
+    p.add_argument(
+        "--warmup", action="store_true", help="one untimed wave of each concurrency before its timed run"
+    )
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
 
@@ -84,6 +87,8 @@ def main() -> None:
     results = {}
     for c in (int(x) for x in args.concurrency.split(",")):
         n = max(c * args.waves, args.min_prompts)
+        if args.warmup:  # the same shapes once, so first-use costs (kernel compiles) are not timed
+            run(core, c, c, args.input_len, args.output_len, seed=c + 1)
         results[c] = run(core, c, n, args.input_len, args.output_len, seed=c)
         print(f"engine workload c={c}: {results[c]}", flush=True)
     args.json.write_text(json.dumps(results, indent=1))

@@ -98,9 +98,11 @@ def start_server(model: Path, args: argparse.Namespace, log: Path) -> subprocess
     sys.exit(f"server did not come up in {args.start_timeout} s; log: {log.read_text()[-3000:]}")
 
 
-def bench_serve(model: Path, concurrency: int, args: argparse.Namespace) -> dict[str, float]:
-    name = f"serve-c{concurrency}"
-    num_prompts = max(concurrency * args.waves, args.min_prompts)
+def bench_serve(
+    model: Path, concurrency: int, args: argparse.Namespace, warmup: bool = False
+) -> dict[str, float]:
+    name = f"serve-c{concurrency}" + ("-warmup" if warmup else "")
+    num_prompts = concurrency if warmup else max(concurrency * args.waves, args.min_prompts)
     command = [sys.executable, "-m", "kvserve", "bench", "serve", "--url", f"http://127.0.0.1:{args.port}"]
     command += ["--model", str(model), "--dataset", "random", "--input-len", str(args.input_len)]
     command += ["--output-len", str(args.output_len), "--num-prompts", str(num_prompts)]
@@ -193,6 +195,8 @@ def bench_workload(model: Path, args: argparse.Namespace) -> dict[int, dict[str,
     command += ["--device", args.device, "--ctx", str(args.ctx), "--concurrency", args.concurrency]
     command += ["--waves", str(args.waves), "--min-prompts", str(args.min_prompts), "--json", str(path)]
     command += ["--input-len", str(args.input_len), "--output-len", str(args.output_len)]
+    if args.warmup:
+        command.append("--warmup")
     print("engine workload:", " ".join(command[1:]), flush=True)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return {int(c): v for c, v in json.loads(path.read_text()).items()}
@@ -263,6 +267,12 @@ def main() -> None:
         "bias is not plain greedy, so the engine decodes without overlapping steps",
     )
     p.add_argument("--engine-decode-tokens", type=int, default=128)
+    p.add_argument(
+        "--warmup",
+        action="store_true",
+        help="before each timed run, one untimed wave of the same concurrency (server and engine alone): "
+        "first-use costs such as kernel compiles for new batch shapes stay out of the figures",
+    )
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.shape, args.tokenizer, args.model_dir / args.shape, args.device)
@@ -270,6 +280,8 @@ def main() -> None:
     served: dict[int, dict[str, float]] = {}
     try:
         for c in (int(x) for x in args.concurrency.split(",")):
+            if args.warmup:
+                bench_serve(model, c, args, warmup=True)
             spy = profile(server.pid, c, args) if args.profile == c else None
             served[c] = bench_serve(model, c, args)
             if spy is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import logging
 import os
 import signal
@@ -152,6 +153,10 @@ def serve_forever(app: FastAPI, args: argparse.Namespace, sock: socket.socket | 
         app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
     )  # kvserve.access logs each request, with its id
     server = uvicorn.Server(config)
+    # The app, tokenizer and templates live as long as the process: leave them out of the
+    # collector's full passes, which otherwise walk them while streams allocate per token.
+    gc.collect()
+    gc.freeze()
     server.run(sockets=None if sock is None else [sock])
     if not server.started:  # e.g. the port is taken (uvicorn.run's exit status)
         sys.exit(3)
