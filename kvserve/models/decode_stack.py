@@ -50,7 +50,7 @@ class CpuDecodeStack:
             linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             in_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
             stack.add_layer(
-                [(m.qweight, m.scales, m.bias, m.bits) for m in linears],
+                [(m.qweight, m.scales, m.bias, m.bits, m.packed) for m in linears],
                 in_norm.weight, in_norm.eps, post_norm.weight, post_norm.eps,
                 cache, attn.scale, attn.sliding_window or 0,
             )  # fmt: skip

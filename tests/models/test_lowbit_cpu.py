@@ -126,3 +126,83 @@ def test_kernel_with_fp32_input_matches_its_reference(rows: int) -> None:
     x = torch.randn(rows, 320)
     out = lowbit_cpu.lowbit_linear(x, qweight, scales, 8, quantize_x=False)
     torch.testing.assert_close(out, x @ lowbit_cpu.dequantize(qweight, scales, 8).t(), atol=1e-5, rtol=1e-5)
+
+
+def _unpack_for_decode(
+    packed: torch.Tensor, n: int, bits: lowbit_cpu.Bits
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pack_for_decode's x4 layout back to (qweight, scales) rows, written from the layout's
+    description (csrc/lowbit_x4.h) rather than by inverting the packing code."""
+    quant_bytes = 16 if bits == 4 else 32
+    blocks, num_groups = packed.shape[0], packed.shape[1] // (8 + 4 * quant_bytes + (8 if bits == 4 else 0))
+    records = packed[:, : num_groups * (8 + 4 * quant_bytes)].reshape(blocks, num_groups, -1)
+    d = records[..., :8].contiguous().view(torch.float16).transpose(1, 2).reshape(blocks * 4, 1, num_groups)
+    quants = records[..., 8:].reshape(blocks, num_groups, 4, quant_bytes).transpose(1, 2)
+    qweight = quants.reshape(blocks * 4, num_groups * quant_bytes)[:n]
+    if bits == 8:
+        return qweight.view(torch.int8), d[:n, 0]
+    mins = packed[:, records.shape[1] * records.shape[2] :].contiguous().view(torch.float16)  # [b, 4 * G]
+    return qweight, torch.cat([d, mins.reshape(blocks * 4, 1, num_groups)], dim=1)[:n]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_decode_packing_keeps_every_weight(bits: lowbit_cpu.Bits) -> None:
+    torch.manual_seed(bits)
+    n, k = 13, 96  # a padded last block of 4 rows, 3 groups
+    qweight, scales = lowbit_cpu.quantize(torch.randn(n, k), bits)
+    packed = lowbit_cpu.pack_for_decode(qweight, scales, bits)
+    assert packed.shape == (4, 3 * (80 if bits == 4 else 136)) and packed.dtype == torch.uint8
+    q, s = _unpack_for_decode(packed, n, bits)
+    assert torch.equal(q, qweight) and torch.equal(s, scales)
+    padding = _unpack_for_decode(packed, 16, bits)
+    assert not padding[0][n:].view(torch.uint8).any() and not padding[1][n:].any()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 7, 16])
+@pytest.mark.parametrize(
+    "n", [80, 13, 84]
+)  # 13: a padded block; 84 gated: an up half off a block (row layout)
+@pytest.mark.parametrize("fusion", FUSIONS.values(), ids=FUSIONS.keys())
+def test_packed_int4_kernel_matches_its_reference(rows: int, n: int, fusion: dict) -> None:
+    """The x4 layout's kernel (one row), with the row-layout weights zeroed: a wrong layout cannot pass.
+    Several rows, and an up half off a block of 4 rows, keep the row layout."""
+    if fusion.get("gated") and n % 2:
+        pytest.skip("gated needs an even N")
+    torch.manual_seed(rows + n)
+    k = 320
+    qweight, scales = lowbit_cpu.quantize(torch.randn(n, k) * 0.05, 4)
+    packed = lowbit_cpu.pack_for_decode(qweight, scales, 4)
+    out_n = n // 2 if fusion.get("gated") else n
+    kwargs = {
+        "bias": torch.randn(n) if fusion.get("bias") else None,
+        "residual": torch.randn(rows, out_n) if fusion.get("residual") else None,
+        "norm_weight": torch.rand(k) + 0.5 if fusion.get("norm_weight") else None,
+        "eps": fusion.get("eps", 1e-6),
+        "gated": bool(fusion.get("gated")),
+    }
+    x = torch.randn(rows, k)
+    expected = lowbit_cpu.reference_linear(x, qweight, scales, 4, **kwargs)
+    reads_packed = rows == 1 and not (kwargs["gated"] and (n // 2) % 4)
+    row_layout = torch.zeros_like(qweight) if reads_packed else qweight
+    out = lowbit_cpu.lowbit_linear(x, row_layout, scales, 4, **kwargs, packed=packed)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])  # 8: the LM head (fp32 input)
+@pytest.mark.parametrize("k", [320, 576, 96])  # 10, 18 (SmolLM2) and 3 groups: every tail of the 8-wide loops
+@pytest.mark.parametrize("gated", [False, True])
+def test_packed_kernel_equals_the_row_layout(bits: lowbit_cpu.Bits, k: int, gated: bool) -> None:
+    """The x4 layout gives the row layout's result bit for bit (the float operations in the same
+    order): greedy answers must not move with the layout."""
+    if gated and bits == 8:
+        pytest.skip("fp32 input: the LM head, never gated")
+    torch.manual_seed(k)
+    n = 56
+    qweight, scales = lowbit_cpu.quantize(torch.randn(n, k) * 0.05, bits)
+    packed = lowbit_cpu.pack_for_decode(qweight, scales, bits)
+    x = torch.randn(1, k)
+    kwargs = {"quantize_x": bits == 4, "bias": torch.randn(n), "gated": gated}
+    out = lowbit_cpu.lowbit_linear(x, torch.zeros_like(qweight), scales, bits, **kwargs, packed=packed)
+    assert torch.equal(out, lowbit_cpu.lowbit_linear(x, qweight, scales, bits, **kwargs))

@@ -95,14 +95,39 @@ def lowbit_linear(
     eps: float = 1e-6,
     gated: bool = False,
     quantize_x: bool = True,
+    packed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """act(rms_norm?(x) @ W^T + bias) + residual for fp32 x [M, K] (the kernel, else the reference).
-    quantize_x=False keeps x in fp32 (int8 weights only, no norm): for the LM head."""
+    quantize_x=False keeps x in fp32 (int8 weights only, no norm): for the LM head. `packed`
+    (pack_for_decode of the same weights) is what the kernel reads where it can."""
     args = (bias, residual, norm_weight, eps, gated, quantize_x)
     ext = cpu_ext.load()
     if ext is None:
         return reference_linear(x, qweight, scales, bits, *args)
-    return ext.lowbit_linear(x.contiguous(), qweight, scales, bits, *args)
+    return ext.lowbit_linear(x.contiguous(), qweight, scales, bits, *args, packed)
+
+
+def pack_for_decode(qweight: torch.Tensor, scales: torch.Tensor, bits: Bits) -> torch.Tensor:
+    """The decode GEMV's "x4" layout (csrc/lowbit_x4.h): blocks of 4 output rows, each one run of
+    bytes with every group's fp16 scales beside its quants; N is padded to a multiple of 4 with zeros.
+    int4: uint8 [N/4, 80 G] = per group d[4] and 4 x 16 nibble bytes (72 G), then the mins [4, G];
+    int8: uint8 [N/4, 136 G] = per group d[4] and 4 x 32 int8."""
+    n = qweight.shape[0]
+    num_groups, pad = scales.shape[-1], -n % 4
+    quants = qweight.view(torch.uint8).view(n, num_groups, -1)  # [N, G, 16 or 32] bytes
+    fp16 = scales.view(n, -1, num_groups)  # [N, 1 (d) or 2 (d, m), G]
+    if pad:
+        quants, fp16 = F.pad(quants, (0, 0, 0, 0, 0, pad)), F.pad(fp16, (0, 0, 0, 0, 0, pad))
+    blocks = (n + pad) // 4
+    fp16 = fp16.view(blocks, 4, -1, num_groups)  # [b, row, d|m, g]
+    d = fp16[:, :, 0].transpose(1, 2).contiguous().view(torch.uint8)  # [b, g, 4 rows * 2 bytes]
+    quant_bytes = quants.view(blocks, 4, num_groups, -1).transpose(1, 2).reshape(blocks, num_groups, -1)
+    parts = [torch.cat([d, quant_bytes], dim=-1).view(blocks, -1)]  # [b, G * (8 + 4 * 16|32)]
+    if bits == 4:
+        parts.append(
+            fp16[:, :, 1].contiguous().view(torch.uint8).view(blocks, -1)
+        )  # mins [b, 4 rows * G * 2]
+    return torch.cat(parts, dim=-1).contiguous()
 
 
 def pack_for_gemm(qweight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -54,11 +54,14 @@ class WeightOnlyLinear(nn.Module):
         self.quantize_input = quantize_input
         self.gemm_qweight: torch.Tensor | None = None  # int8_prefill: lowbit_cpu.pack_for_gemm's layout
         self.gemm_scales: torch.Tensor | None = None
+        self.packed: torch.Tensor | None = None  # fp32 decode GEMV: lowbit_cpu.pack_for_decode's layout
         # fp32: lowbit_cpu's format and kernel; bf16: torch's packed int8/int4 ops.
         self.bits: lowbit_cpu.Bits | None = None
         if weight.dtype == torch.float32:
             self.bits = 8 if scheme == "int8" else 4
             self.qweight, self.scales = lowbit_cpu.quantize(weight, self.bits)
+            if (self.bits == 4) == quantize_input:  # the kernel's x4 cases: int4 layers, the int8 LM head
+                self.packed = lowbit_cpu.pack_for_decode(self.qweight, self.scales, self.bits)
             if self.bits == 4 and int8_prefill:  # prefill-sized batches: the int4 GEMM, not the dense one
                 self.gemm_qweight, self.gemm_scales = lowbit_cpu.pack_for_gemm(self.qweight, self.scales)
         elif scheme == "int8":
@@ -80,8 +83,9 @@ class WeightOnlyLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if self.bits is not None:
             return lowbit_cpu.lowbit_linear(
-                x, self.qweight, self.scales, self.bits, self.bias, quantize_x=self.quantize_input
-            )
+                x, self.qweight, self.scales, self.bits, self.bias,
+                quantize_x=self.quantize_input, packed=self.packed,
+            )  # fmt: skip
         if self.scheme == "int8":
             out = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
         else:
@@ -99,8 +103,9 @@ class WeightOnlyLinear(nn.Module):
         """fp32 only: the low-bit kernel with a decoder layer's neighbours fused (lowbit_cpu)."""
         assert self.bits is not None
         return lowbit_cpu.lowbit_linear(
-            x, self.qweight, self.scales, self.bits, self.bias, residual, norm_weight, eps, gated
-        )
+            x, self.qweight, self.scales, self.bits, self.bias, residual, norm_weight, eps, gated,
+            packed=self.packed,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         out_features, in_features = self.weight.shape

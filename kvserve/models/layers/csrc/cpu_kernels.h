@@ -7,7 +7,7 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight
                             int64_t bits, const c10::optional<torch::Tensor>& bias,
                             const c10::optional<torch::Tensor>& residual,
                             const c10::optional<torch::Tensor>& norm_weight, double eps, bool gated,
-                            bool quantize_x);
+                            bool quantize_x, const c10::optional<torch::Tensor>& packed);
 
 torch::Tensor lowbit_gemm(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
                           int64_t N, const c10::optional<torch::Tensor>& bias);

@@ -17,10 +17,11 @@ struct Linear {
   torch::Tensor qweight, scales;
   Opt bias;
   int64_t bits;
+  Opt packed;  // lowbit_x4.h's layout of the same weights, or None
 
   torch::Tensor operator()(const torch::Tensor& x, const Opt& residual, const Opt& norm, double eps,
                            bool gated) const {
-    return lowbit_linear(x, qweight, scales, bits, bias, residual, norm, eps, gated, true);
+    return lowbit_linear(x, qweight, scales, bits, bias, residual, norm, eps, gated, true, packed);
   }
 };
 
@@ -37,15 +38,15 @@ class DecodeStack {
  public:
   DecodeStack(int64_t num_heads, int64_t num_kv_heads) : num_heads_(num_heads), num_kv_heads_(num_kv_heads) {}
 
-  // linears: (qweight, scales, bias or None, bits) of qkv, o, gate_up, down.
-  void add_layer(const std::vector<std::tuple<torch::Tensor, torch::Tensor, Opt, int64_t>>& linears,
+  // linears: (qweight, scales, bias or None, bits, packed or None) of qkv, o, gate_up, down.
+  void add_layer(const std::vector<std::tuple<torch::Tensor, torch::Tensor, Opt, int64_t, Opt>>& linears,
                  const torch::Tensor& input_norm, double input_eps, const torch::Tensor& post_norm,
                  double post_eps, const torch::Tensor& cache, double scale, int64_t window) {
     TORCH_CHECK(linears.size() == 4, "qkv, o, gate_up, down");
     Linear l[4];
     for (int i = 0; i < 4; ++i) {
-      const auto& [qweight, scales, bias, bits] = linears[i];
-      l[i] = Linear{qweight, scales, bias, bits};
+      const auto& [qweight, scales, bias, bits, packed] = linears[i];
+      l[i] = Linear{qweight, scales, bias, bits, packed};
     }
     layers_.push_back(Layer{l[0], l[1], l[2], l[3], input_norm, post_norm, cache, input_eps, post_eps, scale, window});
   }
