@@ -37,6 +37,16 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return _mm_cvtss_f32(x) + tail;
 }
 
+// A key's or value's row (D floats) into L1 ahead of its use. Why: the rows of one KV head are
+// KVH * D floats apart and come from DRAM (a step's weights have evicted them), and without it the
+// loads of the score and value loops were most of a step's attention time (perf, SmolLM2 decode).
+// The arithmetic is untouched.
+constexpr int64_t PREFETCH_ROWS = 8;
+
+inline void prefetch_row(const float* row, int64_t D) {
+  for (int64_t i = 0; i < D; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+}
+
 inline void rope(const float* x, const float* cos, const float* sin, float* out, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t i = 0; i < D; ++i) out[i] = x[i] * cos[i] + x[i < half ? i + half : i - half] * sin[i];
@@ -92,7 +102,9 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
         const int64_t block = tables[b * max_blocks + t / block_size];
         return kv + ((block * block_size + t % block_size) * KVH + kvh) * D;
       };
+      for (int64_t t = 0; t < PREFETCH_ROWS && t < n; ++t) prefetch_row(key_at(start + t), D);
       for (int64_t t = 0; t < n; ++t) {
+        if (t + PREFETCH_ROWS < n) prefetch_row(key_at(start + t + PREFETCH_ROWS), D);
         const float* k = key_at(start + t);
         for (int64_t g = 0; g < group; ++g) scores[g * n + t] = dot(qr + (b * H + kvh * group + g) * D, k, D) * scale;
       }
@@ -104,7 +116,9 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
         const float inv = 1.f / sum;
         for (int64_t t = 0; t < n; ++t) sg[t] *= inv;
       }
+      for (int64_t t = 0; t < PREFETCH_ROWS && t < n; ++t) prefetch_row(key_at(start + t) + kv_stride, D);
       for (int64_t t = 0; t < n; ++t) {
+        if (t + PREFETCH_ROWS < n) prefetch_row(key_at(start + t + PREFETCH_ROWS) + kv_stride, D);
         const float* v = key_at(start + t) + kv_stride;
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * n + t];
