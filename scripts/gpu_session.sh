@@ -2,7 +2,7 @@
 # One device-machine session: environment, GPU tests, engine benchmarks. Stages as arguments:
 #   gemv | tests | ab | head | bench1b | profile | bench8b | serve. Logs and JSON go to $OUT (or ./gpu-out).
 # serve (issue 21): HTTP end to end on a random Llama-3.2-1B-shaped HF folder (scripts/serve_e2e_bench.py: bench serve
-# --ignore-eos per concurrency, bench engine, and the engine alone on the same workload, scripts/engine_workload_bench.py);
+# --ignore-eos per concurrency after one untimed wave of it, 4 timed waves, bench engine, and the engine alone on the same workload, scripts/engine_workload_bench.py);
 # $SERVE_WHEELS holds the server's py3.12 wheels (fastapi with its opentelemetry-api, starlette, uvicorn, httptools,
 # pydantic(-core), annotated-types/-doc, typing-inspection/-extensions, sniffio, llguidance, gguf, py-spy) and
 # $SERVE_TOKENIZER SmolLM2's tokenizer files (AutoTokenizer.from_pretrained(dir, gguf_file=...).save_pretrained).
@@ -50,7 +50,7 @@ for stage in "$@"; do
       # $OUT takes 8 files: the per-concurrency CSV/PNG/JSON, the server log and the profile go in one tarball.
       timeout 400 python3 scripts/serve_e2e_bench.py --tokenizer "${SERVE_TOKENIZER:-tok}" --out /tmp/serve \
         --shape llama-3.2-1b --device cuda --concurrency 1,16,64,256 --input-len 512 --output-len 256 \
-        --client-procs 8 --profile 256 2>&1 | tee "$OUT/serve.log" | grep -v "^[│┏┃┡└ ]"
+        --client-procs 8 --warmup --waves 4 2>&1 | tee "$OUT/serve.log" | grep -v "^[│┏┃┡└ ]"
       cp /tmp/serve/summary.md "$OUT/serve-summary.md"; tar czf "$OUT/serve.tgz" -C /tmp serve ;;
     bench8b)
       timeout 400 python3 -m kvserve bench engine --device cuda --shape llama-3.1-8b --repeats 2 \
