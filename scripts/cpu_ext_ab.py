@@ -4,7 +4,8 @@ the working tree's against the sources of a git revision, built under another ex
     PYTHONPATH=. .venv/bin/python scripts/cpu_ext_ab.py --before HEAD~1 --threads 1
 
 SmolLM2 fp32 `--weight-quant int4`, one stream decoding; the two builds take turns every `--steps`
-steps on the same engine (same weights, same KV), so both see the same machine load. The revision's
+steps on the same engine (same weights, same KV), so both see the same machine load; first it checks
+that the two builds' attention and x4 GEMV give the same bits (`--no-bit-check` skips it). The revision's
 kernels must take the arguments the working tree's Python passes them (same signatures).
 """
 
@@ -24,7 +25,7 @@ from kvserve.bench.engine_bench import make_prompt
 from kvserve.cli.engine_args import build_engine
 from kvserve.config import CacheConfig, EngineConfig
 from kvserve.engine.sampling_params import SamplingParams
-from kvserve.models.layers import cpu_ext
+from kvserve.models.layers import cpu_ext, lowbit_cpu
 
 CSRC = "kvserve/models/layers/csrc"
 
@@ -53,6 +54,33 @@ def build_revision(revision: str, folder: Path) -> Any:
     )
 
 
+def check_same_bits(before: Any, after: Any) -> None:
+    """The two builds' decode attention (SmolLM2's heads) and x4 GEMV give equal bits on random inputs:
+    a kernel change meant to be exact is checked here, not only timed."""
+    torch.manual_seed(0)
+    heads, kv_heads, dim, block_size, seqs = 9, 3, 64, 16, 3
+    seq_lens = torch.tensor([37, 300, 5])
+    tables = torch.arange(seqs * 20).view(seqs, 20)
+    slots = (
+        tables[torch.arange(seqs), (seq_lens - 1) // block_size] * block_size + (seq_lens - 1) % block_size
+    )
+    qkv = torch.randn(seqs, (heads + 2 * kv_heads) * dim)
+    cos, sin = torch.randn(seqs, dim), torch.randn(seqs, dim)
+    cache = torch.randn(2, seqs * 20, block_size, kv_heads, dim)
+    outs = []
+    for ext in (before, after):
+        args = (qkv, cos, sin, cache.clone(), slots, tables, seq_lens, heads, kv_heads, dim**-0.5, 0)
+        outs.append(ext.decode_attention(*args))
+    qweight, scales = lowbit_cpu.quantize(torch.randn(3072, 576) * 0.05, 4)
+    packed, x = lowbit_cpu.pack_for_decode(qweight, scales, 4), torch.randn(1, 576)
+    gemv = [
+        ext.lowbit_linear(x, qweight, scales, 4, None, None, None, 1e-6, True, True, packed)
+        for ext in (before, after)
+    ]
+    assert torch.equal(*outs) and torch.equal(*gemv), "the two builds' kernels differ in their bits"
+    print("same bits: decode_attention (3 sequences, context 5-300) and the int4 x4 GEMV")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", required=True, help="git revision of the 'before' kernels")
@@ -60,12 +88,15 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--no-bit-check", action="store_true", help="for changes meant to change results")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cpu_ext._put_ninja_on_path()
     after = cpu_ext.load()
     assert after is not None, "the CPU kernels do not build or run here"
     before = build_revision(args.before, Path(tempfile.mkdtemp(prefix="cpu-ext-ab-")))
+    if not args.no_bit_check:
+        check_same_bits(before, after)
     config = EngineConfig(
         model="smollm2", device="cpu", dtype="float32", weight_quant="int4", max_model_len=4096,
         cache=CacheConfig(kv_cache_memory_mb=512),
