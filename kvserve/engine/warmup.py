@@ -16,6 +16,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
+from kvserve.engine.compile_watch import watch_compiles
 from kvserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -51,3 +52,5 @@ def warm_up(core: EngineCore, force: bool = False) -> None:
         core.kv_manager.pool.reset_prefix_cache()
         core.kv_manager.stats = type(core.kv_manager.stats)()  # the hit rate counts clients only
     logger.info("warm-up: %d batches in %.1f s", len(WAVES), time.monotonic() - started)
+    # From here on a compile is one a request waits for: name each (compile_watch.py).
+    watch_compiles()
