@@ -18,7 +18,7 @@ from kvserve.models.decode_stack import CpuDecodeStack
 from kvserve.models.layers.activation import get_gated_activation
 from kvserve.models.layers.attention import cpu_decode
 from kvserve.models.layers.attention.backend import AttentionBackend
-from kvserve.models.layers.attention.metadata import get_attention_metadata
+from kvserve.models.layers.attention.metadata import get_attention_metadata, step_computes_prompt
 from kvserve.models.layers.embedding import Embedding
 from kvserve.models.layers.linear import MergedLinear
 from kvserve.models.layers.norm import RMSNorm
@@ -187,10 +187,11 @@ class DecoderLayer(nn.Module):
         return gemv.gemv(act, mlp.down_proj.weight, residual=h)  # h + mlp
 
     def _can_run_lowbit(self, x: torch.Tensor) -> bool:
-        """fp32 CPU decode with every projection on lowbit_cpu's kernel (--weight-quant on fp32)."""
+        """fp32 CPU decode with every projection on lowbit_cpu's kernel (--weight-quant on fp32); never
+        for a step that computes prompt tokens (metadata.step_computes_prompt)."""
         if x.is_cuda or x.dtype != torch.float32:
             return False
-        return self.is_lowbit() and x.shape[0] <= self.max_lowbit_rows()
+        return self.is_lowbit() and x.shape[0] <= self.max_lowbit_rows() and not step_computes_prompt()
 
     def is_lowbit(self) -> bool:
         """Every projection has lowbit_cpu's packed weights and the neighbours it fuses are plain."""

@@ -65,6 +65,7 @@ class CpuDecodeStack:
         if (
             num_tokens > self._max_rows
             or not 0 < metadata.num_decodes == metadata.num_seqs == num_tokens
+            or metadata.computes_prompt  # a one-token prompt tail is a "decode" by shape only
             or not (cos.is_contiguous() and sin.is_contiguous())
         ):
             return None

@@ -112,3 +112,25 @@ def test_int4_weight_quant_answers_like_dense(dtype: str) -> None:
     text = loaded.tokenizer.tokenizer.decode(results["int4"][0])
     assert "Paris" in text
     assert results["int4"][0][:3] == results["none"][0][:3]
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_weight_quant_answer_does_not_depend_on_the_prefix_cache(scheme: str) -> None:
+    """The same chat prompt twice in one engine: the second prefills only its tail after a prefix-cache
+    hit, on the dense weights as the first did, so the greedy answer is the same. (The tail used to
+    run on the int8-activation kernel: SmolLM2 int4 answered "The capital of France is Paris." cold
+    and "L'Étoile, la Marseillaise, la femme, ..." warm.)"""
+    from kvserve.models.layers import cpu_ext
+    from kvserve.models.loader import load_model
+
+    if cpu_ext.load() is None:
+        pytest.skip("no AVX2 CPU kernels here")
+    loaded = load_model("smollm2", torch.float32, progress=False)
+    config = EngineConfig(dtype="float32", device="cpu", max_model_len=1024, weight_quant=scheme)
+    engine = EngineCore(config, loaded)
+    prompt = _chat_ids(loaded, QUESTIONS[0])
+    cold, (first,) = _generate(engine, [prompt])
+    warm, (second,) = _generate(engine, [prompt])
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens > 0
+    assert warm == cold
+    assert "Paris" in loaded.tokenizer.tokenizer.decode(cold[0])

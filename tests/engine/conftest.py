@@ -54,6 +54,7 @@ def make_engine(
     kv_store: KVStoreConfig | None = None,
     async_scheduling: bool | None = None,
     context: ContextRequest | None = None,
+    weight_quant: str = "none",
 ) -> EngineCore:
     config = EngineConfig(
         model=str(path),
@@ -63,6 +64,7 @@ def make_engine(
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
         kv_store=kv_store,
         async_scheduling=async_scheduling,
+        weight_quant=weight_quant,
     )
     return EngineCore(config, load_tiny(path, context=context))
 

@@ -65,6 +65,7 @@ def build_model_inputs(
         seq_lens_cpu=seq_lens,
         context_lens_cpu=context_lens,
         seq_ids=[s.request.request_id for s in scheduled],
+        computes_prompt=not all(s.is_decode for s in scheduled),
     )
     return ModelInputs(
         input_ids=_to(torch.tensor(token_ids, dtype=torch.int64), device),

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvserve.models.layers import lowbit_cpu
+from kvserve.models.layers.attention.metadata import step_computes_prompt
 
 WeightQuant = Literal["none", "int8", "int4"]
 INT4_GROUP_SIZE = 32
@@ -43,6 +44,7 @@ class WeightOnlyLinear(nn.Module):
         max_quant_rows: int | None = None,
         quantize_input: bool = True,
         int8_prefill: bool = False,
+        prompt_dense: bool = True,
     ) -> None:
         super().__init__()
         assert weight.dtype in (torch.bfloat16, torch.float32) and weight.device.type == "cpu", "CPU only"
@@ -52,6 +54,9 @@ class WeightOnlyLinear(nn.Module):
         self.scheme = scheme
         # fp32 kernel only: False keeps activations in fp32 (the LM head's argmax is sensitive).
         self.quantize_input = quantize_input
+        # A decoder layer's linear: steps that compute prompt tokens use the dense weights. False for
+        # the LM head, which sees one row per sampling sequence, the same rows cold or cached.
+        self.prompt_dense = prompt_dense
         self.gemm_qweight: torch.Tensor | None = None  # int8_prefill: lowbit_cpu.pack_for_gemm's layout
         self.gemm_scales: torch.Tensor | None = None
         self.packed: torch.Tensor | None = None  # fp32 decode GEMV: lowbit_cpu.pack_for_decode's layout
@@ -73,7 +78,9 @@ class WeightOnlyLinear(nn.Module):
         self.max_quant_rows = max_quant_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.max_quant_rows:
+        # A step that computes prompt tokens runs on the dense weights (or --int8-prefill's GEMM) at
+        # any size, so a prompt's KV does not depend on how much of it the prefix cache held.
+        if x.shape[0] > self.max_quant_rows or (self.prompt_dense and step_computes_prompt()):
             if self.gemm_qweight is not None and self.gemm_scales is not None:
                 out = lowbit_cpu.lowbit_gemm(
                     x, self.gemm_qweight, self.gemm_scales, self.weight.shape[0], self.bias
@@ -162,7 +169,9 @@ def apply_weight_quant(
     if quantize_head and hasattr(model, "head_quant"):
         # The head is the single largest GEMV (vocab x hidden); int8 keeps its logits precise.
         weight = model.model.embed_tokens.weight if head is None else head.weight
-        model.head_quant = WeightOnlyLinear(weight.data, None, "int8", quantize_input=False)
+        model.head_quant = WeightOnlyLinear(
+            weight.data, None, "int8", quantize_input=False, prompt_dense=False
+        )
     return len(targets)
 
 

@@ -28,6 +28,10 @@ class AttentionMetadata:
     # [num_seqs] the engine's request ids; with them a CPU backend may keep per-sequence state
     # across steps (the torch backend's decode workspace). None: every step stands alone.
     seq_ids: list[str] | None = None
+    # The step computes prompt tokens (a prefill chunk, even of one token, or a recompute). The CPU's
+    # low-bit kernels round activations to int8 and serve decode-only steps: a prompt's KV and first
+    # token are then the same whether it was prefilled whole or its tail after a prefix-cache hit.
+    computes_prompt: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -46,6 +50,12 @@ def forward_context(metadata: AttentionMetadata) -> Iterator[None]:
         yield
     finally:
         _current = previous
+
+
+def step_computes_prompt() -> bool:
+    """Inside a forward whose step computes prompt tokens (AttentionMetadata.computes_prompt); False
+    outside any forward_context (the LM head, called after it on one row per sampling sequence)."""
+    return _current is not None and _current.computes_prompt
 
 
 def get_attention_metadata() -> AttentionMetadata:
