@@ -42,6 +42,17 @@ FUSIONS = {
 
 
 @needs_kernel
+def _fusion_kwargs(fusion: dict, n: int, k: int, rows: int, out_n: int) -> dict:
+    """lowbit_linear's fused neighbours for one FUSIONS case, with random tensors."""
+    return {
+        "bias": torch.randn(n) if fusion.get("bias") else None,
+        "residual": torch.randn(rows, out_n) if fusion.get("residual") else None,
+        "norm_weight": torch.rand(k) + 0.5 if fusion.get("norm_weight") else None,
+        "eps": fusion.get("eps", 1e-6),
+        "gated": bool(fusion.get("gated")),
+    }
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 2, 7, 16])  # the kernel takes rows 4 at a time: 1, 2, 3 left
 @pytest.mark.parametrize("fusion", FUSIONS.values(), ids=FUSIONS.keys())
@@ -50,13 +61,7 @@ def test_kernel_matches_its_reference(bits: lowbit_cpu.Bits, rows: int, fusion: 
     n, k = 80, 320  # 10 groups: exercises the kernel's 8-group scale loop and its tail
     qweight, scales = lowbit_cpu.quantize(torch.randn(n, k) * 0.05, bits)
     out_n = n // 2 if fusion.get("gated") else n
-    kwargs = {
-        "bias": torch.randn(n) if fusion.get("bias") else None,
-        "residual": torch.randn(rows, out_n) if fusion.get("residual") else None,
-        "norm_weight": torch.rand(k) + 0.5 if fusion.get("norm_weight") else None,
-        "eps": fusion.get("eps", 1e-6),
-        "gated": bool(fusion.get("gated")),
-    }
+    kwargs = _fusion_kwargs(fusion, n, k, rows, out_n)
     x = torch.randn(rows, k)
     out = lowbit_cpu.lowbit_linear(x, qweight, scales, bits, **kwargs)
     expected = lowbit_cpu.reference_linear(x, qweight, scales, bits, **kwargs)
@@ -174,13 +179,7 @@ def test_packed_int4_kernel_matches_its_reference(rows: int, n: int, fusion: dic
     qweight, scales = lowbit_cpu.quantize(torch.randn(n, k) * 0.05, 4)
     packed = lowbit_cpu.pack_for_decode(qweight, scales, 4)
     out_n = n // 2 if fusion.get("gated") else n
-    kwargs = {
-        "bias": torch.randn(n) if fusion.get("bias") else None,
-        "residual": torch.randn(rows, out_n) if fusion.get("residual") else None,
-        "norm_weight": torch.rand(k) + 0.5 if fusion.get("norm_weight") else None,
-        "eps": fusion.get("eps", 1e-6),
-        "gated": bool(fusion.get("gated")),
-    }
+    kwargs = _fusion_kwargs(fusion, n, k, rows, out_n)
     x = torch.randn(rows, k)
     expected = lowbit_cpu.reference_linear(x, qweight, scales, 4, **kwargs)
     reads_packed = rows == 1 and not (kwargs["gated"] and (n // 2) % 4)
