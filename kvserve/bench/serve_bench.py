@@ -116,11 +116,11 @@ def run_serve_bench_sharded(
             pool.submit(_run_shard, target, [requests[i] for i in indices], shard_shape)
             for indices, shard_shape in shards
         ]
-        shard_results = [future.result()[0] for future in futures]
-        _report_client_load([future.result()[2] for future in futures])
+        outcomes = [future.result() for future in futures]  # (results, duration, busy) each
+    _report_client_load([busy for _, _, busy in outcomes])
     duration = time.perf_counter() - start
     results: list[RequestResult | None] = [None] * len(requests)
-    for (indices, _), found in zip(shards, shard_results, strict=True):
+    for (indices, _), (found, _, _) in zip(shards, outcomes, strict=True):
         for i, result in zip(indices, found, strict=True):
             results[i] = result
     assert all(r is not None for r in results)
