@@ -19,7 +19,60 @@ import time
 from pathlib import Path
 
 
-def run(core, concurrency: int, num_prompts: int, input_len: int, output_len: int, seed: int) -> dict:
+class StepLog:
+    """Each `core.step()`'s wall time beside the plan the scheduler made in it.
+
+    An overlapped decode step plans step n + 1 and reads step n, so its time is the host's share of
+    one decode step plus the wait for the device; a plain step plans, runs and reads one batch.
+    Steps are grouped by kind: decode-only (one token per request) or with prompt tokens (mixed).
+    """
+
+    def __init__(self, core) -> None:
+        self.rows: list[tuple[float, int, int]] = []  # (seconds, requests, tokens)
+        self._plan = (0, 0)
+        schedule = core.scheduler.schedule
+
+        def logged():
+            out = schedule()
+            self._plan = (len(out.scheduled), out.num_batched_tokens)
+            return out
+
+        core.scheduler.schedule = logged
+
+    def step(self, core) -> list:
+        self._plan = (0, 0)
+        start = time.perf_counter()
+        outputs = core.step()
+        self.rows.append((time.perf_counter() - start, *self._plan))
+        return outputs
+
+    def summary(self) -> dict:
+        kinds: dict[str, list[tuple[float, int, int]]] = {"decode": [], "mixed": [], "read_only": []}
+        for row in self.rows:
+            _, requests, tokens = row
+            kinds["read_only" if not requests else "decode" if tokens == requests else "mixed"].append(row)
+        out = {}
+        for kind, rows in kinds.items():
+            if rows:
+                out[kind] = {
+                    "steps": len(rows),
+                    "total_s": round(sum(r[0] for r in rows), 4),
+                    "median_ms": round(1000 * statistics.median(r[0] for r in rows), 3),
+                    "mean_requests": round(statistics.mean(r[1] for r in rows), 1),
+                    "mean_tokens": round(statistics.mean(r[2] for r in rows), 1),
+                }
+        return out
+
+
+def run(
+    core,
+    concurrency: int,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    step_log: StepLog | None = None,
+) -> dict:
     from kvserve.engine.sampling_params import SamplingParams
 
     rng = random.Random(seed)
@@ -42,18 +95,21 @@ def run(core, concurrency: int, num_prompts: int, input_len: int, output_len: in
     while next_prompt < min(concurrency, num_prompts):
         add()
     while core.has_unfinished_requests():
-        for output in core.step():
+        for output in step_log.step(core) if step_log else core.step():
             if output.new_token_ids:
                 tokens += len(output.new_token_ids)
                 ttft.setdefault(output.request_id, time.perf_counter() - sent[output.request_id])
             if output.finished and next_prompt < num_prompts:
                 add()
     duration = time.perf_counter() - start
-    return {
+    result = {
         "output_throughput": tokens / duration,
         "median_ttft_ms": 1000 * statistics.median(ttft.values()),
         "duration_s": duration,
     }
+    if step_log is not None:
+        result["steps"] = step_log.summary()
+    return result
 
 
 def main() -> None:
@@ -68,6 +124,11 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument(
         "--warmup", action="store_true", help="one untimed wave of each concurrency before its timed run"
+    )
+    p.add_argument(
+        "--step-log",
+        action="store_true",
+        help="time every engine step and report them by kind (decode, mixed)",
     )
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()
@@ -85,11 +146,14 @@ def main() -> None:
     )
     core = build_warm_engine(config)
     results = {}
+    step_log = StepLog(core) if args.step_log else None
     for c in (int(x) for x in args.concurrency.split(",")):
         n = max(c * args.waves, args.min_prompts)
         if args.warmup:  # the same shapes once, so first-use costs (kernel compiles) are not timed
             run(core, c, c, args.input_len, args.output_len, seed=c + 1)
-        results[c] = run(core, c, n, args.input_len, args.output_len, seed=c)
+        if step_log is not None:
+            step_log.rows.clear()
+        results[c] = run(core, c, n, args.input_len, args.output_len, seed=c, step_log=step_log)
         print(f"engine workload c={c}: {results[c]}", flush=True)
     args.json.write_text(json.dumps(results, indent=1))
 
