@@ -14,7 +14,7 @@ from kvserve.models.rope_scaling import ContextRequest, RopeScalingName
 logger = logging.getLogger(__name__)
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
-WeightQuantName = Literal["none", "int8", "int4"]
+WeightQuantName = Literal["none", "int8", "int4", "auto"]
 AttentionBackendName = Literal["auto", "torch_ref", "triton"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,6 +75,7 @@ class EngineConfig:
     rope_scale: float = 0.0  # --rope-scale; 0 = --ctx / the original context
     yarn_orig_ctx: int = 0  # --yarn-orig-ctx; 0 = the model's trained context
     # CPU decode is memory-bound: low-bit weight copies for small batches (see models/layers/quant.py).
+    # "auto" (the CLI's default) keeps the precision of a low-bit GGUF's layers: resolve_weight_quant().
     weight_quant: WeightQuantName = "none"
     # fp32 with --weight-quant int4: prefill on the int4 x int8 GEMM too (activations rounded to int8
     # per group of 32, as decode and llama.cpp do; ~1.5x faster prefill on AVX2, but it changed
@@ -117,6 +118,25 @@ def _cpuinfo_has(flag: str) -> bool:
         return False
 
 
+def resolve_weight_quant(config: EngineConfig, file_quant: WeightQuantName | None) -> EngineConfig:
+    """--weight-quant auto, once the model is loaded (after resolve()): the low-bit copy that holds
+    the model file's own layer weights (`LoadedModel.file_weight_quant`: int4 for a Q4 GGUF, int8
+    for one of 5 to 8 bits), none for 16/32-bit weights. A quantized GGUF's weights already sit on
+    that grid, so decode on them reads a quarter of fp32's bytes for the file's own precision, as
+    llama.cpp does; users of a Q4 file expect its speed without a flag."""
+    if config.weight_quant != "auto":
+        return config
+    scheme = file_quant or "none"
+    logger.info(
+        "weight-quant auto -> %s (%s)",
+        scheme,
+        "the model file's layers are low-bit" if file_quant else "the model file's layers are 16/32-bit",
+    )
+    if config.int8_prefill and scheme != "int4":
+        raise ValueError(f"--int8-prefill needs --weight-quant int4 (auto chose {scheme} for this model)")
+    return dataclasses.replace(config, weight_quant=scheme)
+
+
 def resolve(config: EngineConfig) -> EngineConfig:
     """Fill device and dtype; max_model_len is clamped later, once the model is known."""
     device = config.device
@@ -126,13 +146,19 @@ def resolve(config: EngineConfig) -> EngineConfig:
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") or cpu_has_fast_bf16() else "float32"
         logger.info("dtype auto -> %s (device %s)", dtype, device)
-    if config.weight_quant != "none" and (device != "cpu" or dtype not in ("bfloat16", "float32")):
+    weight_quant = config.weight_quant
+    if weight_quant == "auto" and (
+        device != "cpu" or dtype not in ("bfloat16", "float32") or config.tensor_parallel_size > 1
+    ):
+        weight_quant = "none"  # low-bit copies serve CPU decode only; the rest waits for the model
+        config = dataclasses.replace(config, weight_quant=weight_quant)
+    if weight_quant not in ("none", "auto") and (device != "cpu" or dtype not in ("bfloat16", "float32")):
         raise ValueError("--weight-quant needs --device cpu and --dtype bfloat16 or float32")
-    if config.int8_prefill and (config.weight_quant != "int4" or dtype != "float32"):
+    if config.int8_prefill and (weight_quant not in ("int4", "auto") or dtype != "float32"):
         raise ValueError("--int8-prefill needs --weight-quant int4 and --dtype float32")
     if config.tensor_parallel_size < 1:
         raise ValueError("--tensor-parallel-size must be >= 1")
-    if config.tensor_parallel_size > 1 and config.weight_quant != "none":
+    if config.tensor_parallel_size > 1 and weight_quant != "none":
         raise ValueError("--weight-quant does not combine with --tensor-parallel-size > 1")
     if not 0.0 < config.cache.gpu_memory_utilization <= 1.0:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")

@@ -36,9 +36,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto")
     g.add_argument(
         "--weight-quant",
-        default=d.weight_quant,
-        choices=["none", "int8", "int4"],
-        help="CPU only: low-bit weight copies for decode-sized batches (faster, lossy)",
+        default="auto",
+        choices=["auto", "none", "int8", "int4"],
+        help="CPU only: low-bit weight copies for decode-sized batches (faster; lossy for 16/32-bit "
+        "weights); auto = the precision of a quantized GGUF's own layers (int4 for Q4, int8 for Q5-Q8), "
+        "none for 16/32-bit weights and on CUDA",
     )
     g.add_argument(
         "--int8-prefill",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvserve.config import EngineConfig, resolve
+from kvserve.config import EngineConfig, resolve, resolve_weight_quant
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.disk_tier import DiskTier
 from kvserve.engine.kv_cache.manager import KVCacheManager
@@ -42,7 +42,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, tp: TPDriver | None = None):
         """`tp`: at tensor-parallel size > 1, rank 0's driver of the other ranks (distributed/launch.py
         builds it and `loaded` holds rank 0's shard); the engine then runs its runner through it."""
-        config = resolve(config)
+        config = resolve_weight_quant(resolve(config), loaded.file_weight_quant)
         self.config = config
         self.loaded = loaded
         self.device = torch.device(config.device)

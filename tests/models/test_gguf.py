@@ -357,3 +357,39 @@ def test_unknown_tensor_type_id_is_unsupported(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedModelError) as error:
         read_gguf_config(path)
     _assert_one_line(error, path, "type id 99")
+
+
+@pytest.mark.parametrize(
+    ("qtype", "expected"),
+    [(Q.Q4_0, "int4"), (Q.Q4_1, "int4"), (Q.Q5_0, "int8"), (Q.Q8_0, "int8"), (Q.F16, None), (Q.F32, None)],
+)
+def test_file_weight_quant_is_the_low_bit_copy_that_holds_the_layers(
+    tiny_llama: torch.nn.Module, tmp_path: Path, qtype: Q, expected: str | None
+) -> None:
+    """--weight-quant auto's input: int4 holds 2-4-bit layers, int8 5-8-bit ones, none 16/32-bit."""
+    from kvserve.models.loader.gguf import file_weight_quant
+
+    path = write_gguf(tmp_path / f"{qtype.name}.gguf", tiny_llama, "llama", qtype=qtype)
+    assert file_weight_quant(read_gguf_config(path)[0]) == expected
+
+
+def test_file_weight_quant_of_a_mixed_file_is_its_widest_layer() -> None:
+    """A Q4_K_M file keeps some tensors in Q6_K: int4 would lose their precision, int8 holds both."""
+    from types import SimpleNamespace
+
+    from kvserve.models.loader.gguf import file_weight_quant
+
+    def file(*types: Q) -> SimpleNamespace:
+        tensors = [
+            SimpleNamespace(name=f"blk.{i}.ffn_up.weight", shape=(64, 32), ggml_type=t)
+            for i, t in enumerate(types)
+        ]
+        tensors.append(
+            SimpleNamespace(name="token_embd.weight", shape=(64, 32), ggml_type=Q.F32)
+        )  # not a layer
+        return SimpleNamespace(tensors=tensors)
+
+    assert file_weight_quant(file(Q.Q4_K, Q.Q4_0)) == "int4"
+    assert file_weight_quant(file(Q.Q4_K, Q.Q6_K)) == "int8"
+    assert file_weight_quant(file(Q.Q4_K, Q.F16)) is None
+    assert file_weight_quant(file()) is None

@@ -33,7 +33,20 @@ def test_weight_quant_needs_cpu_bf16_or_fp32() -> None:
 
 def test_int8_prefill_needs_fp32_int4() -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["generate", "-m", "smollm2", "-p", "hi", "--dtype", "float32", "--int8-prefill"])
+        main(
+            [
+                "generate",
+                "-m",
+                "smollm2",
+                "-p",
+                "hi",
+                "--dtype",
+                "float32",
+                "--weight-quant",
+                "none",
+                "--int8-prefill",
+            ]
+        )
     assert "--int8-prefill needs --weight-quant int4" in str(exit_info.value.code)
 
 

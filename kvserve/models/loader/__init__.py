@@ -28,7 +28,7 @@ from kvserve.models.errors import (
 )
 from kvserve.models.fingerprint import model_fingerprint
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
-from kvserve.models.loader.gguf import hf_config_from_gguf, iter_hf_tensors, read_gguf
+from kvserve.models.loader.gguf import file_weight_quant, hf_config_from_gguf, iter_hf_tensors, read_gguf
 from kvserve.models.loader.safetensors import WeightLoadError, iter_safetensors, load_state_dict_into
 from kvserve.models.loader.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
 from kvserve.models.rope_scaling import ContextError, ContextPlan, ContextRequest, describe, plan_context
@@ -66,6 +66,7 @@ def load_model(
     the flags cannot give this model.
     """
     path = resolve_model_path(spec)
+    file_quant = None
     if path.is_dir():
         hf_config = _read_config_json(path)
         plan = _plan(path, hf_config, context, tp)
@@ -81,7 +82,8 @@ def load_model(
         )  # before the weights: fail fast on a bad vocabulary
         model = _build(path, plan.arch, dtype, device, tp)
         _load_weights(path, model, iter_hf_tensors(gguf, hf_config, dtype, progress=progress))
-    return _loaded(path, model, plan, tokenizer, dtype)
+        file_quant = file_weight_quant(gguf)
+    return _loaded(path, model, plan, tokenizer, dtype, file_quant)
 
 
 def resolve_model_path(spec: str | Path) -> Path:
@@ -109,7 +111,12 @@ def _plan(path: Path, hf_config: dict, context: ContextRequest | None, tp: TPGro
 
 
 def _loaded(
-    path: Path, model: nn.Module, plan: ContextPlan, tokenizer: TokenizerInfo, dtype: torch.dtype
+    path: Path,
+    model: nn.Module,
+    plan: ContextPlan,
+    tokenizer: TokenizerInfo,
+    dtype: torch.dtype,
+    file_quant: str | None = None,
 ) -> LoadedModel:
     return LoadedModel(
         model=model,
@@ -120,6 +127,7 @@ def _loaded(
         path=path,
         dtype=dtype,
         max_model_len=plan.max_model_len,
+        file_weight_quant=file_quant,
     )
 
 

@@ -25,6 +25,7 @@ from kvserve.models.loader.gguf_reader import GGUFFile, GGUFTensorInfo, read_ggu
 __all__ = [
     "SUPPORTED_TYPES",
     "dequantize",
+    "file_weight_quant",
     "hf_config_from_gguf",
     "hf_tensor_name",
     "iter_hf_tensors",
@@ -34,6 +35,12 @@ __all__ = [
 SUPPORTED_TYPES = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 )
+
+# The low-bit decode copy (models/layers/quant.py: groups of 32, fp16 scales) that holds each type's
+# values: int4 (a scale and a minimum per group, Q4_1's own form) for 2 to 4 bits, int8 (Q8_0's
+# form) for 5 to 8.
+_HELD_BY_INT4 = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_0, Q.Q4_1, Q.Q4_K})
+_HELD_BY_INT8 = frozenset({Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K, Q.Q8_0})
 
 # gguf-py's per-type block codecs. Its `dequantize` calls them 16 rows at a time; 256-row chunks
 # halve the load time of a small model (numpy call overhead) with the same per-block arithmetic.
@@ -85,6 +92,19 @@ def dequantize(raw: np.ndarray, ggml_type: Q, shape: tuple[int, ...]) -> torch.T
         quant.dequantize_rows(rows[i : i + _ROWS_PER_CHUNK]) for i in range(0, len(rows), _ROWS_PER_CHUNK)
     ]
     return torch.from_numpy(np.concatenate(chunks)).reshape(shape)
+
+
+def file_weight_quant(gguf: GGUFFile) -> str | None:
+    """ "int4" or "int8": the low-bit copy that holds every layer matrix of the file at its own
+    precision (a mixed Q4_K_M file with Q6_K tensors needs int8); None for 16/32-bit layers."""
+    types = {info.ggml_type for info in gguf.tensors if info.name.startswith("blk.") and len(info.shape) == 2}
+    if not types:
+        return None
+    if types <= _HELD_BY_INT4:
+        return "int4"
+    if types <= _HELD_BY_INT4 | _HELD_BY_INT8:
+        return "int8"
+    return None
 
 
 def hf_tensor_name(gguf_name: str, architecture: str) -> str | None:
