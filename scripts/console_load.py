@@ -36,8 +36,8 @@ from kvserve.chat.conversation import ChatRequest, GenerationOptions, Message, T
 from kvserve.cli.console_sources import DiskViewCache
 from kvserve.cli.embedded import serve_in_thread
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import CheckpointMeta, CheckpointStore, StoreIdentity
-from kvserve.kvstore.checkpoint import SAVE_REASONS
+from kvserve.kvstore.checkpoint import SAVE_REASONS, CheckpointMeta, StoreIdentity
+from kvserve.kvstore.checkpoint_store import CheckpointStore
 from kvserve.serving.cache_view import BlockPoolView, CacheView
 from kvserve.serving.chat_service import ChatService
 from kvserve.serving.engine_protocol import EngineFinishReason as FinishReason

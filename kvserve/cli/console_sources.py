@@ -14,7 +14,7 @@ from kvserve.serving.request_recorder import PromptSource, RequestRecorder
 
 if TYPE_CHECKING:
     from kvserve.engine.core import EngineCore
-    from kvserve.kvstore import CheckpointStore
+    from kvserve.kvstore.checkpoint_store import CheckpointStore
 
 
 class DiskViewCache:

@@ -19,8 +19,7 @@ from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
-from kvserve.kvstore import StoreIdentity
-from kvserve.kvstore.checkpoint import disk_kv_dtype
+from kvserve.kvstore.checkpoint import StoreIdentity, disk_kv_dtype
 from kvserve.models.layers import cpu_ext
 from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_rows
 from kvserve.models.loaded import LoadedModel

@@ -16,8 +16,9 @@ import torch
 
 from kvserve.engine.kv_cache.block_hash import BlockHash
 from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
-from kvserve.kvstore import CheckpointMeta, CheckpointStore, ChunkSpan, ChunkUnavailableError, SaveJob
-from kvserve.kvstore.checkpoint import SaveReason
+from kvserve.kvstore.checkpoint import CheckpointMeta, ChunkSpan, SaveReason
+from kvserve.kvstore.checkpoint_store import CheckpointStore, ChunkUnavailableError
+from kvserve.kvstore.writer import SaveJob
 
 CopyOut = Callable[[list[int]], list[torch.Tensor]]  # ModelRunner.copy_blocks_out
 

@@ -30,18 +30,10 @@ from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
 from kvserve.engine.outputs import EngineOutput, SchedulerOutput
 from kvserve.engine.request import Request
 from kvserve.engine.runner.model_runner import ModelRunner
-from kvserve.kvstore import (
-    CheckpointStore,
-    CheckpointWriter,
-    ChunkRun,
-    SavePolicy,
-    SaveResult,
-    StoreIdentity,
-    cold_cut,
-    continued_frontier,
-)
-from kvserve.kvstore.checkpoint import SaveReason, to_disk_dtype
-from kvserve.kvstore.save_policy import system_cut
+from kvserve.kvstore.checkpoint import ChunkRun, SaveReason, SaveResult, StoreIdentity, to_disk_dtype
+from kvserve.kvstore.checkpoint_store import CheckpointStore
+from kvserve.kvstore.save_policy import SavePolicy, cold_cut, continued_frontier, system_cut
+from kvserve.kvstore.writer import CheckpointWriter
 
 logger = logging.getLogger(__name__)
 

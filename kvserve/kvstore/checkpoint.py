@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SaveReason = Literal["cold", "continued", "evict", "shutdown", "agent_system", "agent_session"]
 SAVE_REASONS: tuple[SaveReason, ...] = (
@@ -28,14 +29,12 @@ ANCHOR_REASONS: frozenset[SaveReason] = frozenset(
 # redundant (its chunks are shared), so eviction takes it first.
 SUPERSEDED_REASONS: frozenset[SaveReason] = frozenset({"continued", "agent_session"})
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+# The KV dtypes the disk tier stores, by name, with their element size in bytes. Names rather than
+# torch dtypes: this module stays importable without torch (the CLI's flags read DISK_DTYPE_CHOICES).
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-DISK_DTYPE_CHOICES = ("auto", *DTYPES)
+DISK_DTYPE_CHOICES = ("auto", *DTYPE_BYTES)
 FP16_MAX = 65504.0
 
 
@@ -45,7 +44,7 @@ def disk_kv_dtype(requested: str, compute_dtype: str) -> str:
     its rounding only), else the compute dtype (bf16 stays bf16: no saving, and a range risk)."""
     if requested == "auto":
         return "float16" if compute_dtype == "float32" else compute_dtype
-    if requested not in DTYPES:
+    if requested not in DTYPE_BYTES:
         raise ValueError(
             f"unsupported disk KV dtype {requested!r} (choose from {', '.join(DISK_DTYPE_CHOICES)})"
         )
@@ -56,6 +55,8 @@ def to_disk_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """KV cast for storage; float16 saturates at its range rather than storing inf."""
     if kv.dtype == dtype:
         return kv
+    import torch
+
     if dtype == torch.float16 and kv.dtype != torch.bfloat16:
         kv = kv.clamp(-FP16_MAX, FP16_MAX)
     return kv.to(dtype)
@@ -71,26 +72,27 @@ class StoreIdentity:
     """
 
     fingerprint: str
-    dtype: str  # a key of DTYPES
+    dtype: str  # a key of DTYPE_BYTES
     num_layers: int
     num_kv_heads: int
     head_dim: int
     block_size: int
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
+        if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"unsupported KV dtype {self.dtype!r}")
         assert min(self.num_layers, self.num_kv_heads, self.head_dim, self.block_size) > 0, self
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)  # a key of DTYPE_BYTES (checked in __post_init__)
 
     @property
     def bytes_per_token(self) -> int:
         """KV bytes of one token across all layers (K and V)."""
-        element_size = torch.empty((), dtype=self.torch_dtype).element_size()
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * element_size
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
 
 
 class TextKey(NamedTuple):

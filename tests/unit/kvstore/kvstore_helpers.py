@@ -12,15 +12,9 @@ from pathlib import Path
 import torch
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import (
-    CheckpointMeta,
-    CheckpointStore,
-    ChunkSpan,
-    SaveReason,
-    SaveResult,
-    StoreIdentity,
-    layout,
-)
+from kvserve.kvstore import layout
+from kvserve.kvstore.checkpoint import CheckpointMeta, ChunkSpan, SaveReason, SaveResult, StoreIdentity
+from kvserve.kvstore.checkpoint_store import CheckpointStore
 
 BLOCK_SIZE = 4
 CHUNK_TOKENS = 16

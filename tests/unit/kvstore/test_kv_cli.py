@@ -12,8 +12,8 @@ import pytest
 from kvstore_helpers import Clock, make_identity, model_dir, open_store, random_tokens, save, text_of
 
 from kvserve.cli.main import main
-from kvserve.kvstore import TextKey
 from kvserve.kvstore.cache_dir import DirLock
+from kvserve.kvstore.checkpoint import TextKey
 
 DAY = 86400.0
 MIB = 1 << 20

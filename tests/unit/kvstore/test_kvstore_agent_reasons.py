@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kvstore_helpers import Clock, open_store, random_tokens, save, text_of
 
-from kvserve.kvstore import TextKey
+from kvserve.kvstore.checkpoint import TextKey
 from kvserve.kvstore.eviction import EvictionEntry, EvictionPolicy, eviction_score
 from kvserve.kvstore.save_policy import system_cut
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvstore_helpers import FINGERPRINT, random_tokens
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import ChunkSpan
+from kvserve.kvstore.checkpoint import ChunkSpan
 from kvserve.kvstore.chunking import chunk_spans, format_key, longest_stored_run, prefix_key
 
 

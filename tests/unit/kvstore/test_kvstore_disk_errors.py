@@ -12,7 +12,9 @@ import pytest
 from kvstore_helpers import Provider, kv_for, model_dir, open_store, random_tokens, save, text_of
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import CheckpointMeta, CheckpointWriter, SaveJob, TextKey, atomic_file
+from kvserve.kvstore import atomic_file
+from kvserve.kvstore.checkpoint import CheckpointMeta, TextKey
+from kvserve.kvstore.writer import CheckpointWriter, SaveJob
 
 
 class DiskFull:

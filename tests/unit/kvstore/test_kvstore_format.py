@@ -8,7 +8,7 @@ import pytest
 import torch
 from kvstore_helpers import bits, make_identity, random_tokens
 
-from kvserve.kvstore import CheckpointMeta, ChunkSpan
+from kvserve.kvstore.checkpoint import CheckpointMeta, ChunkSpan
 from kvserve.kvstore.chunk_format import (
     HEADER,
     CorruptChunkError,

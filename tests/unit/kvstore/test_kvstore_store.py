@@ -23,7 +23,7 @@ from kvstore_helpers import (
 )
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import CheckpointMeta, StoreIdentity, TextKey
+from kvserve.kvstore.checkpoint import CheckpointMeta, StoreIdentity, TextKey
 
 
 def chunk_files(root: Path, identity: StoreIdentity | None = None) -> list[Path]:
@@ -347,7 +347,7 @@ def test_an_existing_directory_keeps_its_mode(tmp_path: Path) -> None:
 
 
 def test_the_engine_copies_out_only_missing_chunks_and_a_vanished_one_skips_the_save(tmp_path: Path) -> None:
-    from kvserve.kvstore import ChunkUnavailableError
+    from kvserve.kvstore.checkpoint_store import ChunkUnavailableError
 
     store = open_store(tmp_path)
     first = random_tokens(64, 27)

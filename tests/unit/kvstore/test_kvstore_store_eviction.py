@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvstore_helpers import Clock, Provider, kv_for, open_store, random_tokens, save, text_of
 
-from kvserve.kvstore import TextKey
+from kvserve.kvstore.checkpoint import TextKey
 
 HOUR = 3600.0
 

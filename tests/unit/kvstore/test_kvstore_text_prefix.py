@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvserve.kvstore import TextKey
+from kvserve.kvstore.checkpoint import TextKey
 from kvserve.kvstore.text_prefix import longest_text_prefix
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from kvstore_helpers import Provider, kv_for, make_identity, open_store, random_tokens, text_of
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import CheckpointMeta, CheckpointWriter, ChunkSpan, SaveJob, SaveResult
+from kvserve.kvstore.checkpoint import CheckpointMeta, ChunkSpan, SaveResult
+from kvserve.kvstore.writer import CheckpointWriter, SaveJob
 
 
 def job(token_ids: list[int], provider=None) -> SaveJob:
