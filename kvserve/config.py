@@ -5,18 +5,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from kvserve.models.rope_scaling import ContextRequest, RopeScalingName
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 WeightQuantName = Literal["none", "int8", "int4", "auto"]
 AttentionBackendName = Literal["auto", "torch_ref", "triton"]
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,10 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch  # here, not at module level: the CLI builds its parsers from this module
+
         assert self.dtype != "auto", "call resolve() first"
-        return _DTYPES[self.dtype]
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -141,6 +143,8 @@ def resolve(config: EngineConfig) -> EngineConfig:
     """Fill device and dtype; max_model_len is clamped later, once the model is known."""
     device = config.device
     if device == "auto":
+        import torch
+
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = config.dtype
     if dtype == "auto":

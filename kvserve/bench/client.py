@@ -8,7 +8,6 @@ and without an error event; anything else is a failed request with the reason in
 
 from __future__ import annotations
 
-import enum
 import json
 import time
 from dataclasses import dataclass
@@ -16,21 +15,8 @@ from typing import Any
 
 import httpx
 
+from kvserve.bench.endpoints import Api
 from kvserve.bench.metrics import RequestResult
-
-
-class Api(enum.Enum):
-    CHAT = "chat"  # POST /v1/chat/completions
-    COMPLETIONS = "completions"  # POST /v1/completions
-    ANTHROPIC = "anthropic"  # POST /v1/messages
-
-    @property
-    def path(self) -> str:
-        return {
-            "chat": "/v1/chat/completions",
-            "completions": "/v1/completions",
-            "anthropic": "/v1/messages",
-        }[self.value]
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,8 @@ from kvserve.bench.client import (
     request_body,
     stream_request,
 )
-from kvserve.bench.datasets import Tokenizer
+from kvserve.bench.datasets import CLAUDE_CODE_FIXTURE, Tokenizer
 from kvserve.bench.metrics import RequestResult
-from kvserve.bench.multiturn import CLAUDE_CODE_FIXTURE
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+# Claude Code's request (system + tools): the agent-shaped prompt text of `multiturn` and `context`.
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "clients"
+CLAUDE_CODE_FIXTURE = FIXTURES / "claude-code-2.1.332_messages.json"
+
 
 class Tokenizer(Protocol):
     """The part of a Hugging Face tokenizer the benchmarks use."""

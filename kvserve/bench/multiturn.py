@@ -30,12 +30,9 @@ from kvserve.bench.client import (
     request_body,
     stream_request,
 )
-from kvserve.bench.datasets import Tokenizer
+from kvserve.bench.datasets import CLAUDE_CODE_FIXTURE, Tokenizer
 from kvserve.bench.metrics import RequestResult
 from kvserve.bench.serve_bench import LoadShape, arrival_offsets
-
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "clients"
-CLAUDE_CODE_FIXTURE = FIXTURES / "claude-code-2.1.332_messages.json"
 
 
 @dataclass(frozen=True)

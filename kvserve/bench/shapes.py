@@ -1,59 +1,23 @@
 """Named model shapes with random weights, for GPU benchmarks that need no download.
 
 The HF transformers model is built first (its random init is the weight source) and its
-state dict is loaded into ours, so both engines run the same weights.
+state dict is loaded into ours, so both engines run the same weights. The shapes themselves
+(their HF configs) are in `shape_configs.py`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from kvserve.bench.shape_configs import SHAPES
 from kvserve.config import EngineConfig
 from kvserve.distributed.group import TPGroup
 from kvserve.models import registry
 from kvserve.models.config import arch_config_from_hf
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.safetensors import load_state_dict_into
-
-_LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-
-SHAPES: dict[str, dict[str, Any]] = {
-    "llama-3.2-1b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {**_LLAMA3_ROPE, "factor": 32.0, "original_max_position_embeddings": 8192},
-        "max_position_embeddings": 131072,
-        "tie_word_embeddings": True,
-        "hidden_act": "silu",
-    },
-    "llama-3.1-8b": {
-        "model_type": "llama",
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0, "original_max_position_embeddings": 8192},
-        "max_position_embeddings": 131072,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-    },
-}
 
 
 def build_hf_model(shape: str, dtype: torch.dtype, device: str, seed: int = 0) -> torch.nn.Module:

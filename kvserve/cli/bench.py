@@ -8,9 +8,7 @@ import json
 import platform
 from pathlib import Path
 
-import torch
-
-from kvserve.bench.shapes import SHAPES
+from kvserve.bench.shape_configs import SHAPES
 from kvserve.cli import bench_serving
 from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
 
@@ -41,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--no-peer", action="store_true", help="skip the peer (llama.cpp; with --shape, HF transformers)"
     )
-    e.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads for both engines")
+    # default None: torch's own thread count, read when the command runs (no torch in the parser)
+    e.add_argument("--threads", type=int, default=None, help="threads for both engines")
     e.add_argument("--json", type=Path, default=None, help="also write the results here")
     add_engine_args(e)
     e.set_defaults(func=run_engine, max_num_batched_tokens=2048)
@@ -49,11 +48,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_engine(args: argparse.Namespace) -> None:
+    import torch
     from rich.console import Console
     from rich.table import Table
 
     from kvserve.bench.engine_bench import bench_kvserve, bench_llama_cpp
 
+    if args.threads is None:
+        args.threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     if args.shape is not None:
         from kvserve.cli.bench_shape import run_engine_shape

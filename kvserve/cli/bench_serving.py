@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvserve.bench.client import Api
+from kvserve.bench.endpoints import Api
 
 
 def register(bench_sub: argparse._SubParsersAction) -> None:
@@ -113,7 +113,7 @@ def _add_context_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_fixture(p: argparse.ArgumentParser) -> None:
-    from kvserve.bench.multiturn import CLAUDE_CODE_FIXTURE
+    from kvserve.bench.datasets import CLAUDE_CODE_FIXTURE
 
     p.add_argument(
         "--fixture",

@@ -1,4 +1,8 @@
-"""Engine flags shared by every subcommand that runs a model, mapped onto EngineConfig."""
+"""Engine flags shared by every subcommand that runs a model, mapped onto EngineConfig.
+
+Building the flags imports no torch and no engine (`kvserve --help` stays fast): `build_engine`
+imports them when a command runs.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import functools
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from kvserve.config import (
     CacheConfig,
@@ -14,9 +19,11 @@ from kvserve.config import (
     SchedulerConfig,
     resolve,
 )
-from kvserve.engine.core import EngineCore
 from kvserve.kvstore.cache_dir import default_cache_dir
 from kvserve.kvstore.checkpoint import DISK_DTYPE_CHOICES
+
+if TYPE_CHECKING:
+    from kvserve.engine.core import EngineCore
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +201,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> EngineCore:
     """Load the model and build the engine; a bad model path exits with a one-line error."""
     import torch
 
+    from kvserve.engine.core import EngineCore
     from kvserve.models.loader import ContextError, ModelLoadError, load_model
 
     try:

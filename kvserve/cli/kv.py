@@ -4,6 +4,9 @@ every model's subdirectory of it.
 Read-only commands work beside a running server; the editing ones (rm, prune, verify --fix)
 take the directory's lock and refuse while a server holds it (and first move an old
 flat-layout cache into its model subdirectory, as a server would).
+
+The inventory, layout and verify modules read chunk files (torch): the commands import them when
+they run, so building the parser (`kvserve --help`) does not.
 """
 
 from __future__ import annotations
@@ -15,17 +18,17 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.markup import escape
 from rich.table import Table
 
 from kvserve.cli import kv_format as fmt
 from kvserve.kvstore.cache_dir import CacheDirBusyError, DirLock, default_cache_dir
-from kvserve.kvstore.inventory import Inventory, remove_checkpoints, scan_all
-from kvserve.kvstore.layout import migrate_flat_layout
 from kvserve.kvstore.prune import PruneFilter, Victim, parse_duration, plan_prune
-from kvserve.kvstore.verify import fix, verify
+
+if TYPE_CHECKING:
+    from kvserve.kvstore.inventory import Inventory
 
 MIB = 1 << 20
 
@@ -99,6 +102,8 @@ def _fail(message: str) -> NoReturn:
 
 
 def _inventories(directory: Path) -> tuple[Inventory, ...]:
+    from kvserve.kvstore.inventory import scan_all
+
     if not directory.is_dir():
         raise KVCommandError(f"{directory} does not exist (no KV cache has been stored there)")
     try:
@@ -128,6 +133,8 @@ def _editing(directory: Path, *, enabled: bool = True) -> Iterator[None]:
     except CacheDirBusyError as error:
         raise KVCommandError(f"{error}; stop it first (or use --dry-run / a read-only command)") from error
     try:
+        from kvserve.kvstore.layout import migrate_flat_layout
+
         migrate_flat_layout(directory)
         yield
     finally:
@@ -299,6 +306,8 @@ def _remove(victims: Sequence[Victim], *, dry_run: bool) -> int:
     if dry_run:
         console.print(f"{len(victims)} checkpoints would be removed (dry run)")
         return 0
+    from kvserve.kvstore.inventory import remove_checkpoints
+
     by_dir: dict[Path, tuple[Inventory, list[str]]] = {}
     for inventory, entry in victims:
         by_dir.setdefault(inventory.directory, (inventory, []))[1].append(entry.checkpoint_id)
@@ -312,6 +321,8 @@ def _remove(victims: Sequence[Victim], *, dry_run: bool) -> int:
 
 
 def _verify(args: argparse.Namespace, directory: Path) -> int:
+    from kvserve.kvstore.verify import fix, verify
+
     with _editing(directory, enabled=args.fix):
         inventories = _inventories(directory)
         reports = [(inventory, verify(inventory)) for inventory in inventories]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from kvserve.kvstore.eviction import DEFAULT_EVICTION_POLICY, effective_hits
-from kvserve.kvstore.inventory import Inventory, InventoryEntry
+
+if TYPE_CHECKING:
+    from kvserve.kvstore.inventory import Inventory, InventoryEntry
 
 
 def size(num_bytes: float) -> str:

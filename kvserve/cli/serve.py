@@ -18,7 +18,6 @@ from kvserve.cli.engine_args import (
     add_kv_store_args,
     engine_config_from_args,
 )
-from kvserve.engine.process_client import EngineStartError
 from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
 
 EngineClient = Any  # AsyncEngineClient | ProcessEngineClient: generate, abort, shutdown
@@ -175,6 +174,7 @@ def build_app(args: argparse.Namespace) -> tuple[FastAPI, EngineClient]:
     """Everything `run` serves, from the flags: --chdir first, then the model, engine and app."""
     from kvserve.cli.api_servers import api_server_count
     from kvserve.cli.engine_host import start_engine, wants_engine_process
+    from kvserve.engine.process_client import EngineStartError
 
     if args.chdir:
         try:

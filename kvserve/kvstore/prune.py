@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvserve.kvstore.eviction import DEFAULT_EVICTION_POLICY, EvictionPolicy, eviction_entries, plan_eviction
-from kvserve.kvstore.inventory import Inventory, InventoryEntry
+
+if TYPE_CHECKING:  # the inventory reads chunk files (torch); `kvserve kv`'s flags need parse_duration only
+    from kvserve.kvstore.inventory import Inventory, InventoryEntry
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
