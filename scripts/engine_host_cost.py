@@ -11,6 +11,10 @@ To compare two trees, run it with each on PYTHONPATH in turn, several times:
 
 Trees from before runner/decode_staging.py get the staging loop they had (four element writes per
 row and a whole table row each).
+
+`--mixed` times the other kind of step instead: N - 1 streams decoding while one new request's
+prompt is prefilled (the steady state of a serving load where requests come and go), which runs
+eagerly: schedule, `build_model_inputs`, the sampling batch and `Scheduler.update`.
 """
 
 from __future__ import annotations
@@ -58,12 +62,76 @@ class _OldStaging:
             tables[row, :num_blocks] = s.block_ids[:num_blocks]
 
 
+def mixed_steps(args: argparse.Namespace) -> None:
+    import torch
+
+    from kvserve.engine.runner.batch import build_model_inputs
+    from kvserve.engine.sampler import SamplingBatch
+
+    kv = KVCacheManager(BLOCK, 64 * args.streams * (args.prompt_len // BLOCK + 64) // 32)
+    scheduler = Scheduler(args.streams, 8192, kv, 8192)
+    params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
+
+    def prompt(i: int) -> list[int]:
+        return [(7 * i + j) % 49_000 for j in range(args.prompt_len)]
+
+    def run(plan) -> None:
+        scheduler.update(plan, RunnerOutput({s.request.request_id: 7 for s in plan.scheduled if s.samples}))
+
+    for i in range(args.streams - 1):
+        scheduler.add_request(Request(f"chatcmpl-{i:08d}", prompt(i), params, eos_token_ids=(2,)))
+    while scheduler.waiting or any(r.num_output_tokens == 0 for r in scheduler.running):  # prefill
+        run(scheduler.schedule())
+    names = ["schedule", "build_model_inputs", "sampling batch", "update"]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu = torch.device("cpu")
+    for step in range(args.steps):
+        request_id = f"new-{step}"
+        scheduler.add_request(Request(request_id, prompt(args.streams + step), params, eos_token_ids=(2,)))
+        t = [time.perf_counter()]
+        plan = scheduler.schedule()
+        t.append(time.perf_counter())
+        inputs = build_model_inputs(plan.scheduled, BLOCK, cpu)
+        t.append(time.perf_counter())
+        requests = [s.request for s in inputs.sampling]
+        SamplingBatch.build(
+            params=[r.sampling_params for r in requests],
+            prompt_token_ids=[r.prompt_token_ids for r in requests],
+            output_token_ids=[r.output_token_ids for r in requests],
+            generators=[None] * len(requests),
+            vocab_size=49_152,
+            device=cpu,
+        )
+        t.append(time.perf_counter())
+        run(plan)
+        t.append(time.perf_counter())
+        assert (
+            len(plan.scheduled) == args.streams
+            and plan.num_batched_tokens == args.streams - 1 + args.prompt_len
+        )
+        scheduler.abort_request(request_id)  # back to N - 1 streams for the next step
+        run(scheduler.schedule())
+        for name, start, end in zip(names, t[:-1], t[1:], strict=True):
+            times[name].append(1e6 * (end - start))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    print(
+        f"{args.streams - 1} decodes + one {args.prompt_len}-token prompt, median us per step (torch threads "
+        f"{torch.get_num_threads()}): "
+        + ", ".join(f"{name} {value:.0f}" for name, value in medians.items())
+        + f"; total {sum(medians.values()):.0f}"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--streams", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--mixed", action="store_true", help="time mixed steps (N - 1 decodes + one prompt)")
     args = p.parse_args()
+    if args.mixed:
+        mixed_steps(args)
+        return
 
     kv = KVCacheManager(BLOCK, 64 * args.streams * (args.prompt_len // BLOCK + 64) // 32)
     scheduler = Scheduler(args.streams, 8192, kv, 8192)

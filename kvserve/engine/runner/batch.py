@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kvserve.engine.outputs import ScheduledRequest
@@ -22,44 +23,49 @@ class ModelInputs:
 def build_model_inputs(
     scheduled: list[ScheduledRequest], block_size: int, device: torch.device
 ) -> ModelInputs:
-    """Decodes must come first (the scheduler's order); the attention backend relies on it."""
+    """Decodes must come first (the scheduler's order); the attention backend relies on it.
+
+    The per-token index arithmetic runs in numpy: a step that mixes 255 decodes with a 512-token
+    prefill is ~770 tokens and 256 block-table rows, and on an engine host torch's own CPU ops on
+    such small tensors cost more than the GPU's step (tens of µs each, and its intra-op threads)."""
     token_ids: list[int] = []
     query_start_loc = [0]
     seq_lens: list[int] = []
     context_lens: list[int] = []
+    counts: list[int] = []
     logits_rows: list[int] = []
     sampling: list[ScheduledRequest] = []
     num_decodes = 0
+    max_blocks = 0
     for s in scheduled:
         start, n = s.start, s.num_new_tokens
         token_ids.extend(_token_slice(s, start, n))
         context_lens.append(start)
         seq_lens.append(start + n)
+        counts.append(n)
         query_start_loc.append(query_start_loc[-1] + n)
         if n == 1 and num_decodes == len(seq_lens) - 1:
             num_decodes += 1
         if s.samples:
             logits_rows.append(query_start_loc[-1] - 1)
             sampling.append(s)
+        max_blocks = max(max_blocks, len(s.block_ids))
 
-    max_blocks = max(len(s.block_ids) for s in scheduled)
-    block_tables = torch.zeros(len(scheduled), max_blocks, dtype=torch.int64)
-    for i, s in enumerate(scheduled):
-        block_tables[i, : len(s.block_ids)] = torch.tensor(s.block_ids, dtype=torch.int64)
+    block_tables = np.zeros((len(scheduled), max_blocks), dtype=np.int64)
+    for row, s in enumerate(scheduled):
+        block_tables[row, : len(s.block_ids)] = s.block_ids
 
     # Per-token sequence index and position, then one gather for the slot of every new token.
-    counts = torch.tensor([s.num_new_tokens for s in scheduled], dtype=torch.int64)
-    seq_index = torch.repeat_interleave(torch.arange(len(scheduled)), counts)
-    starts = torch.tensor(context_lens, dtype=torch.int64)
-    offsets = torch.arange(len(token_ids), dtype=torch.int64) - torch.tensor(query_start_loc[:-1])[seq_index]
-    positions = starts[seq_index] + offsets
+    seq_index = np.repeat(np.arange(len(scheduled)), counts)
+    offsets = np.arange(len(token_ids), dtype=np.int64) - np.repeat(query_start_loc[:-1], counts)
+    positions = np.repeat(np.asarray(context_lens, dtype=np.int64), counts) + offsets
     slot_mapping = block_tables[seq_index, positions // block_size] * block_size + positions % block_size
 
     attn = AttentionMetadata(
         block_size=block_size,
         num_decodes=num_decodes,
-        slot_mapping=_to(slot_mapping, device),
-        block_tables=_to(block_tables, device),
+        slot_mapping=_to(torch.from_numpy(slot_mapping), device),
+        block_tables=_to(torch.from_numpy(block_tables), device),
         seq_lens=_to(torch.tensor(seq_lens, dtype=torch.int64), device),
         query_start_loc_cpu=query_start_loc,
         seq_lens_cpu=seq_lens,
@@ -69,7 +75,7 @@ def build_model_inputs(
     )
     return ModelInputs(
         input_ids=_to(torch.tensor(token_ids, dtype=torch.int64), device),
-        positions=_to(positions, device),
+        positions=_to(torch.from_numpy(positions), device),
         attn=attn,
         logits_indices=_to(torch.tensor(logits_rows, dtype=torch.int64), device),
         sampling=sampling,
