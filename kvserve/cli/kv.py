@@ -5,8 +5,8 @@ Read-only commands work beside a running server; the editing ones (rm, prune, ve
 take the directory's lock and refuse while a server holds it (and first move an old
 flat-layout cache into its model subdirectory, as a server would).
 
-The inventory, layout and verify modules read chunk files (torch): the commands import them when
-they run, so building the parser (`kvserve --help`) does not.
+The inventory, layout and verify modules (numpy, SQLite; verify's chunk reads import torch) are
+imported by the commands when they run, so building the parser (`kvserve --help`) does not.
 """
 
 from __future__ import annotations

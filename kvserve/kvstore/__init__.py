@@ -5,5 +5,6 @@ and a background writer. Never imports the engine: the engine hands it tensors a
 
 This package init imports nothing: import the submodule that holds a name (`checkpoint` for the
 records, `checkpoint_store`, `writer`, `cache_dir`, ...), so a light user such as the CLI's flag
-definitions does not pull in torch through the chunk format.
+definitions does not pull in the whole store. Only the modules that handle KV tensors import torch,
+and only when they do (so `kvserve kv ls`, `show`, `prune` and `rm` run without it).
 """

@@ -18,13 +18,15 @@ from __future__ import annotations
 import struct
 import sys
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import torch
 import xxhash
 
 from kvserve.kvstore.checkpoint import ChunkSpan, StoreIdentity
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT_VERSION = 1
 MAGIC = b"KVSC"
@@ -66,6 +68,8 @@ def chunk_file_size(identity: StoreIdentity, num_tokens: int) -> int:
 
 
 def _layer_bytes(tensor: torch.Tensor, identity: StoreIdentity, span: ChunkSpan) -> memoryview:
+    import torch  # here: headers and hashes need no torch (`kvserve kv ls` reads them without it)
+
     expected = (2, span.num_tokens, identity.num_kv_heads, identity.head_dim)
     if tuple(tensor.shape) != expected or tensor.dtype != identity.torch_dtype:
         raise ValueError(
@@ -158,6 +162,8 @@ def decode_chunk(
 def _layer_views(
     data: bytearray, offset: int, identity: StoreIdentity, num_tokens: int
 ) -> Iterator[torch.Tensor]:
+    import torch
+
     shape = (2, num_tokens, identity.num_kv_heads, identity.head_dim)
     layer_bytes = num_tokens * identity.bytes_per_token // identity.num_layers
     for layer in range(identity.num_layers):

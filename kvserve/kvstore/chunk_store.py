@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvserve.kvstore.atomic_file import ensure_private_dir, fsync_dir, is_temp_file, write_atomic
 from kvserve.kvstore.checkpoint import ChunkSpan, LoadedKV, StoreIdentity
@@ -21,6 +20,9 @@ from kvserve.kvstore.chunk_format import (
     decode_header,
     encode_chunk,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 SUFFIX = ".kvc"
 
@@ -71,6 +73,8 @@ class ChunkStore:
             token_ids += chunk_tokens
             for parts, tensor in zip(layers, chunk_layers, strict=True):
                 parts.append(tensor)
+        import torch
+
         # [2, num_tokens, num_kv_heads, head_dim] per layer, owning its memory
         kv = [parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=1) for parts in layers]
         return LoadedKV(tuple(token_ids), kv)

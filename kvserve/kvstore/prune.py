@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from kvserve.kvstore.eviction import DEFAULT_EVICTION_POLICY, EvictionPolicy, eviction_entries, plan_eviction
 
-if TYPE_CHECKING:  # the inventory reads chunk files (torch); `kvserve kv`'s flags need parse_duration only
+# Types only: the inventory imports the whole store; `kvserve kv`'s flags need parse_duration.
+if TYPE_CHECKING:
     from kvserve.kvstore.inventory import Inventory, InventoryEntry
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

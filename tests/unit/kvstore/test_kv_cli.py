@@ -237,6 +237,31 @@ def test_python_m_kvserve_kv_runs_as_a_process(cache, tmp_path) -> None:
     )
 
 
+_NO_TORCH = """
+import sys
+from kvserve.cli.main import main
+directory, checkpoint_id = sys.argv[1:]
+for args in (["ls"], ["show", checkpoint_id], ["prune", "--dry-run", "--older-than", "1d"]):
+    try:
+        main(["kv", *args, "--kv-cache-dir", directory])
+    except SystemExit as done:
+        assert done.code == 0, (args, done.code)
+assert "torch" not in sys.modules, "kvserve kv imported torch"
+"""
+
+
+def test_ls_show_and_prune_need_no_torch(cache) -> None:
+    """They read headers, manifests and the index, never KV: a quick look at a cache starts fast."""
+    directory, convs = cache
+    subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, str(directory), cid(convs["cold"])],
+        cwd=Path(__file__).resolve().parents[3],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
 def test_verify_reports_a_missing_chunk_on_every_checkpoint_using_it(cache, capsys) -> None:
     directory, convs = cache
     store = open_store(directory)
