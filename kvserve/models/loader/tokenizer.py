@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import transformers
-from transformers import AutoTokenizer
 
 from kvserve.models.errors import CorruptModelFileError
 from kvserve.models.loaded import TokenizerInfo
@@ -37,6 +36,27 @@ _GGUF_STOP_ID_KEYS = (
 )
 
 
+# AutoTokenizer brings in transformers' model-config machinery and, through it, torch (~3-4 s of
+# start-up for a benchmark client that needs no model). A folder whose tokenizer is the generic fast
+# class (what SmolLM2's GGUF converts to, and what save_pretrained writes for it) loads through that
+# class directly: the class AutoTokenizer would pick, without the imports.
+_GENERIC_TOKENIZER_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+def _from_pretrained(folder: Path) -> Any:
+    try:
+        declared = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    if declared in _GENERIC_TOKENIZER_CLASSES:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
 def load_gguf_tokenizer(
     path: Path, metadata: dict[str, Any], *, cache_dir: Path | None = None
 ) -> TokenizerInfo:
@@ -52,7 +72,7 @@ def load_gguf_tokenizer(
 def load_hf_tokenizer(folder: Path) -> TokenizerInfo:
     """tokenizer.json + tokenizer_config.json (+ chat_template.jinja, generation_config.json)."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = _from_pretrained(folder)
     except (OSError, ValueError) as error:
         raise CorruptModelFileError(folder, f"cannot load tokenizer ({_first_line(error)})") from None
     extra_stop_ids: list[int] = []
@@ -82,7 +102,9 @@ def _tokenizer_info(tokenizer: Any, chat_template: str | None, extra_stop_ids: l
 def _cached_gguf_tokenizer(path: Path, cache_dir: Path) -> Any:
     entry = cache_dir / _cache_key(path)
     if (entry / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(entry))
+        return _from_pretrained(entry)
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError) as error:
@@ -96,7 +118,7 @@ def _cached_gguf_tokenizer(path: Path, cache_dir: Path) -> Any:
         staging.rename(entry)  # atomic: a concurrent loader sees all of the entry or none of it
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)  # another process won the race; its entry is equivalent
-    return AutoTokenizer.from_pretrained(str(entry))
+    return _from_pretrained(entry)
 
 
 def _cache_key(path: Path) -> str:
