@@ -107,7 +107,7 @@ def run_serve_bench_sharded(
     shards = _shards(len(requests), shape)
     if len(shards) <= 1:
         results, duration, busy = _run_shard(target, requests, shape, progress)
-        _report_client_load([busy])
+        _report_client_load([busy], duration)
         return results, duration
     start = time.perf_counter()
     # fork: the client processes need nothing but this module's code, and start in milliseconds.
@@ -117,8 +117,8 @@ def run_serve_bench_sharded(
             for indices, shard_shape in shards
         ]
         outcomes = [future.result() for future in futures]  # (results, duration, busy) each
-    _report_client_load([busy for _, _, busy in outcomes])
     duration = time.perf_counter() - start
+    _report_client_load([busy for _, _, busy in outcomes], duration)
     results: list[RequestResult | None] = [None] * len(requests)
     for (indices, _), (found, _, _) in zip(shards, outcomes, strict=True):
         for i, result in zip(indices, found, strict=True):
@@ -149,17 +149,23 @@ def _shards(num_requests: int, shape: LoadShape) -> list[tuple[list[int], LoadSh
 def _run_shard(
     target: ServeTarget, requests: list[BenchRequest], shape: LoadShape, progress: bool = False
 ) -> tuple[list[RequestResult], float, float]:
-    """Results, wall time, and the share of one core this client process used meanwhile."""
-    cpu = time.process_time()
+    """Results, the run's wall time, and the share of one core this client process used meanwhile
+    (CPU and wall time over the same span, the event loop's set-up included, so a run whose requests
+    all failed at once does not divide the set-up's CPU by a run of milliseconds)."""
+    cpu, wall = time.process_time(), time.perf_counter()
     results, duration = asyncio.run(run_serve_bench(target, requests, shape, progress))
-    return results, duration, (time.process_time() - cpu) / max(duration, 1e-9)
+    return results, duration, (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
 
 
-def _report_client_load(busy: list[float]) -> None:
+# Below this a run is start-up more than load (or every request failed at once): no verdict.
+_MIN_RUN_S_FOR_CLIENT_WARNING = 1.0
+
+
+def _report_client_load(busy: list[float], duration: float) -> None:
     """Whether the client itself may be the bound (one Python process parses ~10-20K SSE events/s)."""
     shares = " ".join(f"{b:.0%}" for b in busy)
     print(f"client CPU per process (share of one core over its run): {shares}", file=sys.stderr)
-    if max(busy) > 0.85:
+    if max(busy) > 0.85 and duration >= _MIN_RUN_S_FOR_CLIENT_WARNING:
         print(
             "warning: a client process was busy most of the run: the client may be the limit "
             "(raise --client-procs)",
