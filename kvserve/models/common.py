@@ -9,12 +9,15 @@ q/k/v -> `qkv_proj` and gate/up -> `gate_up_proj` (see `CausalLMBase.map_hf_name
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvserve.models.config import LayerType, ModelArchConfig
 from kvserve.models.decode_stack import CpuDecodeStack
+from kvserve.models.layers import lowbit_cpu
 from kvserve.models.layers.activation import get_gated_activation
 from kvserve.models.layers.attention import cpu_decode
 from kvserve.models.layers.attention.backend import AttentionBackend
@@ -80,11 +83,15 @@ class Attention(nn.Module):
         v = qkv[:, num_heads + num_kv_heads :]  # [num_tokens, num_kv_heads, head_dim]
         assert self.kv_cache is not None, "bind_kv_caches() before forward"
         metadata = get_attention_metadata()
-        if self.q_norm is None and self.backend.name == "torch_ref":
-            # fp32 CPU decodes: RoPE, KV write and paged attention in one C++ call (cpu_decode.py).
+        if self.backend.name == "torch_ref":
+            # fp32 CPU decodes: (q/k norm,) RoPE, KV write and paged attention in one C++ call
+            # (cpu_decode.py).
+            q_norm, k_norm = self.q_norm, self.k_norm
             fused = cpu_decode.attend_qkv(
                 qkv.view(num_tokens, -1), cos, sin, self.kv_cache, metadata,
                 num_heads, num_kv_heads, self.scale, self.sliding_window,
+                None if q_norm is None else q_norm.scale(), None if k_norm is None else k_norm.scale(),
+                1e-6 if q_norm is None else q_norm.eps,
             )  # fmt: skip
             if fused is not None:
                 return fused
@@ -133,8 +140,19 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
+class LowbitNorms(NamedTuple):
+    """A decoder layer's norms as the fused low-bit path applies them: before attention, after it
+    (Gemma; before the residual add), before the MLP, after it (Gemma)."""
+
+    attn_in: RMSNorm
+    attn_out: RMSNorm | None
+    mlp_in: RMSNorm
+    mlp_out: RMSNorm | None
+
+
 class DecoderLayer(nn.Module):
-    """Pre-norm block (Llama/Qwen): x + attn(norm(x)), then h + mlp(norm(h))."""
+    """Pre-norm block (Llama/Qwen): x + attn(norm(x)), then h + mlp(norm(h)). Families with other
+    norms (Gemma 3) override `_forward_dense` and `lowbit_norms`."""
 
     def __init__(self, arch: ModelArchConfig, layer_idx: int, self_attn: Attention) -> None:
         super().__init__()
@@ -149,6 +167,9 @@ class DecoderLayer(nn.Module):
             return self._forward_gemv(x, cos, sin)
         if self._can_run_lowbit(x):
             return self._forward_lowbit(x, cos, sin)
+        return self._forward_dense(x, cos, sin)
+
+    def _forward_dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         attn_out = self.self_attn(self.input_layernorm(x), cos, sin)
         normed, h = self.post_attention_layernorm.forward_with_residual(attn_out, x)  # h = x + attn
         return h + self.mlp(normed)
@@ -194,13 +215,14 @@ class DecoderLayer(nn.Module):
         return self.is_lowbit() and x.shape[0] <= self.max_lowbit_rows() and not step_computes_prompt()
 
     def is_lowbit(self) -> bool:
-        """Every projection has lowbit_cpu's packed weights and the neighbours it fuses are plain."""
+        """Every projection has lowbit_cpu's packed weights and the kernel has the MLP's activation."""
         return (
             all(isinstance(m, WeightOnlyLinear) and m.bits is not None for m in self._linears())
-            and self.mlp.act_name in ("silu", "swish")
-            and self.input_layernorm.offset == 0.0
-            and self.post_attention_layernorm.offset == 0.0
+            and self.mlp.act_name in lowbit_cpu.ACTIVATIONS
         )
+
+    def lowbit_norms(self) -> LowbitNorms:
+        return LowbitNorms(self.input_layernorm, None, self.post_attention_layernorm, None)
 
     def max_lowbit_rows(self) -> int:
         return min(m.max_quant_rows for m in self._linears())
@@ -209,14 +231,21 @@ class DecoderLayer(nn.Module):
         return (self.self_attn.qkv_proj, self.self_attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj)
 
     def _forward_lowbit(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """_forward_gemv's four fused projections, on the CPU's low-bit kernel."""
+        """_forward_gemv's four fused projections, on the CPU's low-bit kernel (with Gemma's output
+        norms fused in before the residual adds)."""
         attn, mlp = self.self_attn, self.mlp
-        in_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
-        qkv = attn.qkv_proj.lowbit(x, norm_weight=in_norm.weight, eps=in_norm.eps)
+        attn_in, attn_out, mlp_in, mlp_out = self.lowbit_norms()
+        qkv = attn.qkv_proj.lowbit(x, norm_weight=attn_in.scale(), eps=attn_in.eps)
         out = attn.attend_qkv(qkv, cos, sin)  # [num_tokens, H * D]
-        h = attn.o_proj.lowbit(out, residual=x)  # x + attn
-        act = mlp.gate_up_proj.lowbit(h, norm_weight=post_norm.weight, eps=post_norm.eps, gated=True)
-        return mlp.down_proj.lowbit(act, residual=h)  # h + mlp
+        h = attn.o_proj.lowbit(out, residual=x, **_post_norm(attn_out))  # x + attn
+        act = mlp.gate_up_proj.lowbit(
+            h, norm_weight=mlp_in.scale(), eps=mlp_in.eps, gated=True, act=mlp.act_name
+        )
+        return mlp.down_proj.lowbit(act, residual=h, **_post_norm(mlp_out))  # h + mlp
+
+
+def _post_norm(norm: RMSNorm | None) -> dict[str, Any]:
+    return {} if norm is None else {"post_norm": norm.scale(), "post_eps": norm.eps}
 
 
 class DecoderStack(nn.Module):
@@ -251,7 +280,7 @@ class DecoderStack(nn.Module):
         if not self._decode_stack_built:
             self._decode_stack_built = True
             layers = list(self.layers)
-            if all(type(layer) is DecoderLayer and layer.is_lowbit() for layer in layers):
+            if all(isinstance(layer, DecoderLayer) and layer.is_lowbit() for layer in layers):
                 self._decode_stack = CpuDecodeStack.build(layers)
         return self._decode_stack
 

@@ -5,7 +5,8 @@ Why: that path is five C++ calls per layer, and around them each layer spent ten
 in Python (module dispatch, the path checks, argument conversion): with 30 layers, several
 milliseconds of a ~20 ms step. The C++ side makes the same calls in the same order, so the hidden
 states are bit for bit the per-layer path's; the per-layer path stays the fallback (prefill,
-mixed batches, sliding and global layers in one model, more rows than the kernels take).
+mixed batches, more rows than the kernels take). Gemma 3's layers (four norms, GELU-tanh, q/k
+norms, sliding and global layers with their own RoPE tables) run in it too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvserve.models.layers import cpu_ext
+from kvserve.models.layers import cpu_ext, lowbit_cpu
 from kvserve.models.layers.attention.metadata import get_attention_metadata
 
 if TYPE_CHECKING:
@@ -22,53 +23,65 @@ if TYPE_CHECKING:
 
 
 class CpuDecodeStack:
-    def __init__(self, stack: Any, layer_type: str, max_rows: int) -> None:
+    def __init__(self, stack: Any, layer_types: list[str], max_rows: int) -> None:
         self._stack = stack  # the extension's DecodeStack, holding every layer's tensors
-        self._layer_type = layer_type
+        self._layer_types = layer_types  # the RoPE table of each index a layer names
         self._max_rows = max_rows
 
     @classmethod
     def build(cls, layers: list[DecoderLayer]) -> CpuDecodeStack | None:
         """The stack of `layers` (each `is_lowbit()`), or None where the one call cannot run them:
-        no kernels, layer types that need different RoPE tables, attention it does not cover."""
+        no kernels, attention it does not cover."""
         ext = cpu_ext.load()
-        if ext is None or not layers or len({layer.layer_type for layer in layers}) != 1:
+        if ext is None or not layers:
             return None
         attn0 = layers[0].self_attn
         stack = ext.DecodeStack(attn0.num_heads, attn0.num_kv_heads)
+        layer_types = sorted({layer.layer_type for layer in layers})
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             cache = attn.kv_cache
             if (
-                attn.q_norm is not None
-                or attn.backend.name != "torch_ref"
+                attn.backend.name != "torch_ref"
                 or cache is None
                 or cache.dtype != torch.float32
                 or not cache.is_contiguous()
             ):
                 return None
             linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            in_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
+            attn_in, attn_out, mlp_in, mlp_out = layer.lowbit_norms()
+            out_eps = {n.eps for n in (attn_out, mlp_out) if n is not None}
+            q_norm, k_norm = attn.q_norm, attn.k_norm
+            if len(out_eps) > 1 or (q_norm is not None and (k_norm is None or k_norm.eps != q_norm.eps)):
+                return None  # one eps for both output norms, one for q and k (as in every family here)
             stack.add_layer(
                 [(m.qweight, m.scales, m.bias, m.bits, m.packed) for m in linears],
-                in_norm.weight, in_norm.eps, post_norm.weight, post_norm.eps,
-                cache, attn.scale, attn.sliding_window or 0,
+                attn_in.scale(), attn_in.eps, mlp_in.scale(), mlp_in.eps,
+                cache, attn.scale, attn.sliding_window or 0, lowbit_cpu.ACTIVATIONS[mlp.act_name],
+                None if attn_out is None else attn_out.scale(),
+                None if mlp_out is None else mlp_out.scale(),
+                out_eps.pop() if out_eps else 1e-6,
+                None if q_norm is None else q_norm.scale(),
+                None if k_norm is None else k_norm.scale(),
+                1e-6 if q_norm is None else q_norm.eps,
+                layer_types.index(layer.layer_type),
             )  # fmt: skip
-        return cls(stack, layers[0].layer_type, min(layer.max_lowbit_rows() for layer in layers))
+        return cls(stack, layer_types, min(layer.max_lowbit_rows() for layer in layers))
 
     def forward(self, x: torch.Tensor, rope: RopeTables) -> torch.Tensor | None:
         """The last layer's output [num_tokens, hidden] for an all-decode batch; None otherwise (the
         caller runs the layers one by one)."""
         num_tokens = x.shape[0]
         metadata = get_attention_metadata()
-        cos, sin = rope[self._layer_type]
+        tables = [rope[layer_type] for layer_type in self._layer_types]  # type: ignore[index]
         if (
             num_tokens > self._max_rows
             or not 0 < metadata.num_decodes == metadata.num_seqs == num_tokens
             or metadata.computes_prompt  # a one-token prompt tail is a "decode" by shape only
-            or not (cos.is_contiguous() and sin.is_contiguous())
+            or not all(cos.is_contiguous() and sin.is_contiguous() for cos, sin in tables)
         ):
             return None
         return self._stack.forward(
-            x, cos, sin, metadata.slot_mapping, metadata.block_tables.contiguous(), metadata.seq_lens
-        )
+            x, [cos for cos, _ in tables], [sin for _, sin in tables],
+            metadata.slot_mapping, metadata.block_tables.contiguous(), metadata.seq_lens,
+        )  # fmt: skip

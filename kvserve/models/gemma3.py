@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvserve.models.common import MLP, Attention, CausalLMBase
+from kvserve.models.common import Attention, CausalLMBase, DecoderLayer, LowbitNorms
 from kvserve.models.config import LayerType, ModelArchConfig
 from kvserve.models.layers.attention.backend import AttentionBackend
 from kvserve.models.layers.embedding import Embedding
@@ -34,24 +34,33 @@ _SKIPPED_PREFIXES = (
 )
 
 
-class Gemma3DecoderLayer(nn.Module):
+class Gemma3DecoderLayer(DecoderLayer):
+    """DecoderLayer with Gemma's four norms: its dense path below, and its fp32 low-bit decode path
+    (DecoderLayer._forward_lowbit, the one-call decode stack) through `lowbit_norms`."""
+
     def __init__(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend) -> None:
-        super().__init__()
-        self.layer_type = arch.layer_type(layer_idx)
         bias = arch.attention_bias
-        self.self_attn = Attention(
+        attn = Attention(
             arch, layer_idx, backend, qkv_bias=bias, o_bias=bias, qk_norm_offset=GEMMA_NORM_OFFSET
         )
-        self.mlp = MLP(arch)
+        super().__init__(arch, layer_idx, attn)
         dim, eps = arch.hidden_size, arch.rms_norm_eps
         self.input_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
         self.post_attention_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
         self.pre_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
         self.post_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _forward_dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+    def lowbit_norms(self) -> LowbitNorms:
+        return LowbitNorms(
+            self.input_layernorm,
+            self.post_attention_layernorm,
+            self.pre_feedforward_layernorm,
+            self.post_feedforward_layernorm,
+        )
 
 
 class Gemma3ForCausalLM(CausalLMBase):

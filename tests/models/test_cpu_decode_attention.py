@@ -12,6 +12,7 @@ from kvserve.models.layers import cpu_ext
 from kvserve.models.layers.attention import cpu_decode
 from kvserve.models.layers.attention.metadata import AttentionMetadata
 from kvserve.models.layers.attention.torch_ref import TorchRefBackend
+from kvserve.models.layers.norm import RMSNorm
 from kvserve.models.layers.rotary import RotaryEmbedding, apply_rotary
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 64, 4, 128
@@ -19,10 +20,12 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 6, 2, 64, 4, 128
 pytestmark = pytest.mark.skipif(cpu_ext.load() is None, reason="no AVX2 CPU kernels here")
 
 
-def _decode_batch(seq_lens: list[int]) -> tuple[torch.Tensor, AttentionMetadata]:
+def _decode_batch(
+    seq_lens: list[int], num_kv_heads: int = NUM_KV_HEADS, head_dim: int = HEAD_DIM
+) -> tuple[torch.Tensor, AttentionMetadata]:
     """A random cache (garbage in unwritten slots) and the metadata of one decode per sequence."""
     gen = torch.Generator().manual_seed(0)
-    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, generator=gen)
     free = list(range(NUM_BLOCKS))
     random.Random(0).shuffle(free)  # scattered blocks: the kernel must follow the block table
     tables = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in seq_lens]
@@ -61,6 +64,47 @@ def test_matches_the_torch_path(seq_lens: list[int], window: int | None) -> None
     assert out is not None
     torch.testing.assert_close(out, expected.reshape(len(seq_lens), -1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cache, ref_cache, atol=1e-6, rtol=1e-6)  # the same KV write
+
+
+# (heads, KV heads, head dim, RMSNorm offset): Qwen3's q/k norms (w), Gemma 3 270M's (1 + w, D = 256).
+QK_NORM_SHAPES = {"qwen3": (6, 2, 64, 0.0), "gemma3_270m": (4, 1, 256, 1.0)}
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("seq_lens", [[1], [29], [29, 6, 17, 1]], ids=["first", "one", "ragged"])
+@pytest.mark.parametrize("shape", QK_NORM_SHAPES.values(), ids=QK_NORM_SHAPES.keys())
+def test_qk_norm_matches_the_torch_path(
+    shape: tuple[int, int, int, float], seq_lens: list[int], window: int | None
+) -> None:
+    """Per-head RMSNorm of q and k before RoPE (Attention.attend_qkv's torch path), in the same call."""
+    num_heads, num_kv_heads, head_dim, offset = shape
+    cache, metadata = _decode_batch(seq_lens, num_kv_heads, head_dim)
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(len(seq_lens), (num_heads + 2 * num_kv_heads) * head_dim, generator=gen) * 3
+    cos, sin = RotaryEmbedding(head_dim, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)
+    q_norm, k_norm = RMSNorm(head_dim, 1e-6, offset), RMSNorm(head_dim, 1e-6, offset)
+    with torch.no_grad():
+        q_norm.weight.normal_(generator=gen), k_norm.weight.normal_(generator=gen)
+    scale = 24**-0.5
+
+    ref_cache = cache.clone()
+    heads = qkv.view(len(seq_lens), -1, head_dim)
+    with torch.no_grad():
+        q = apply_rotary(q_norm(heads[:, :num_heads]), cos, sin)
+        k = apply_rotary(k_norm(heads[:, num_heads : num_heads + num_kv_heads]), cos, sin)
+    v = heads[:, num_heads + num_kv_heads :]
+    backend = TorchRefBackend()
+    backend.write_kv(ref_cache, k, v, metadata.slot_mapping)
+    expected = backend.attend(q, k, v, ref_cache, metadata, scale=scale, sliding_window=window)
+
+    with torch.no_grad():
+        out = cpu_decode.attend_qkv(
+            qkv, cos, sin, cache, metadata, num_heads, num_kv_heads, scale, window,
+            q_norm.scale(), k_norm.scale(), 1e-6,
+        )  # fmt: skip
+    assert out is not None
+    torch.testing.assert_close(out, expected.reshape(len(seq_lens), -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache, ref_cache, atol=1e-5, rtol=1e-5)  # normed, rotated k; v as is
 
 
 def test_declines_what_it_does_not_cover() -> None:

@@ -38,6 +38,10 @@ FUSIONS = {
     "norm": {"norm_weight": True, "eps": 1e-5},
     "gated_residual": {"gated": True, "residual": True},
     "norm_gated": {"norm_weight": True, "gated": True},
+    # Gemma 3: GELU-tanh gate, and RMSNorm of the output before the residual add.
+    "norm_gelu": {"norm_weight": True, "gated": True, "act": "gelu_pytorch_tanh"},
+    "post_norm_residual": {"post_norm": True, "residual": True, "eps": 1e-5},
+    "gelu_post_norm": {"gated": True, "act": "gelu_pytorch_tanh", "post_norm": True},
 }
 
 
@@ -50,6 +54,9 @@ def _fusion_kwargs(fusion: dict, n: int, k: int, rows: int, out_n: int) -> dict:
         "norm_weight": torch.rand(k) + 0.5 if fusion.get("norm_weight") else None,
         "eps": fusion.get("eps", 1e-6),
         "gated": bool(fusion.get("gated")),
+        "act": fusion.get("act", "silu"),
+        "post_norm": torch.rand(out_n) + 0.5 if fusion.get("post_norm") else None,
+        "post_eps": fusion.get("eps", 1e-6),
     }
 
 

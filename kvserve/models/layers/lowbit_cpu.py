@@ -22,6 +22,8 @@ from kvserve.models.layers import cpu_ext
 
 GROUP_SIZE = 32
 Bits = Literal[4, 8]
+# The kernel's gated activations (act(gate) * up), by the hidden_act names that mean them.
+ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1}
 
 
 def quantize(weight: torch.Tensor, bits: Bits) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +70,9 @@ def reference_linear(
     eps: float = 1e-6,
     gated: bool = False,
     quantize_x: bool = True,
+    act: str = "silu",
+    post_norm: torch.Tensor | None = None,
+    post_eps: float = 1e-6,
 ) -> torch.Tensor:
     """The kernel's math in torch (activations rounded to int8 per group like the kernel)."""
     if norm_weight is not None:
@@ -80,7 +85,9 @@ def reference_linear(
     out = F.linear(x, dequantize(qweight, scales, bits), bias)
     if gated:
         gate, up = out.chunk(2, dim=-1)
-        out = F.silu(gate) * up
+        out = (F.silu(gate) if ACTIVATIONS[act] == 0 else F.gelu(gate, approximate="tanh")) * up
+    if post_norm is not None:
+        out = F.rms_norm(out, (out.shape[-1],), post_norm, post_eps)
     return out if residual is None else out + residual
 
 
@@ -96,15 +103,22 @@ def lowbit_linear(
     gated: bool = False,
     quantize_x: bool = True,
     packed: torch.Tensor | None = None,
+    act: str = "silu",
+    post_norm: torch.Tensor | None = None,
+    post_eps: float = 1e-6,
 ) -> torch.Tensor:
     """act(rms_norm?(x) @ W^T + bias) + residual for fp32 x [M, K] (the kernel, else the reference).
     quantize_x=False keeps x in fp32 (int8 weights only, no norm): for the LM head. `packed`
-    (pack_for_decode of the same weights) is what the kernel reads where it can."""
+    (pack_for_decode of the same weights) is what the kernel reads where it can. `act`: the gated
+    activation (ACTIVATIONS); post_norm: RMSNorm scale applied to the output before the residual add
+    (Gemma's post-attention and post-feedforward norms)."""
     args = (bias, residual, norm_weight, eps, gated, quantize_x)
     ext = cpu_ext.load()
     if ext is None:
-        return reference_linear(x, qweight, scales, bits, *args)
-    return ext.lowbit_linear(x.contiguous(), qweight, scales, bits, *args, packed)
+        return reference_linear(x, qweight, scales, bits, *args, act, post_norm, post_eps)
+    return ext.lowbit_linear(
+        x.contiguous(), qweight, scales, bits, *args, packed, ACTIVATIONS[act], post_norm, post_eps
+    )
 
 
 def pack_for_decode(qweight: torch.Tensor, scales: torch.Tensor, bits: Bits) -> torch.Tensor:

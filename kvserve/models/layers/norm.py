@@ -34,6 +34,13 @@ class RMSNorm(nn.Module):
         # HF (Llama/Qwen): normalize in fp32, cast to the input dtype, then scale in that dtype.
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype)
 
+    def scale(self) -> torch.Tensor:
+        """The fp32 scale the normalized x is multiplied by (`1 + w` for Gemma), for the CPU kernels;
+        the weight itself where there is no offset (no copy)."""
+        if self.offset == 0.0:
+            return self.weight
+        return self.weight.float() + self.offset
+
     def forward_with_residual(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -106,12 +106,15 @@ class WeightOnlyLinear(nn.Module):
         norm_weight: torch.Tensor | None = None,
         eps: float = 1e-6,
         gated: bool = False,
+        act: str = "silu",
+        post_norm: torch.Tensor | None = None,
+        post_eps: float = 1e-6,
     ) -> torch.Tensor:
         """fp32 only: the low-bit kernel with a decoder layer's neighbours fused (lowbit_cpu)."""
         assert self.bits is not None
         return lowbit_cpu.lowbit_linear(
             x, self.qweight, self.scales, self.bits, self.bias, residual, norm_weight, eps, gated,
-            packed=self.packed,
+            packed=self.packed, act=act, post_norm=post_norm, post_eps=post_eps,
         )  # fmt: skip
 
     def extra_repr(self) -> str:

@@ -1,8 +1,9 @@
 """One-token decodes on the CPU in fp32: RoPE, the KV write and paged attention reading the
 cache's blocks in place, in one C++ call per layer (csrc/decode_attention.cpp).
 
+With q/k norms (Qwen3, Gemma 3) the per-head RMSNorm of q and k comes first, in the same call.
 The torch path (rotary.py + TorchRefBackend) stays the oracle and covers everything else:
-prefill chunks, mixed batches, bf16, q/k norms, CPUs without the kernels.
+prefill chunks, mixed batches, bf16, CPUs without the kernels.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def attend_qkv(
     num_kv_heads: int,
     scale: float,
     sliding_window: int | None,
+    q_norm: torch.Tensor | None = None,  # [D] fp32 RMSNorm scales (RMSNorm.scale()), or None
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
 ) -> torch.Tensor | None:
     """Attention output [num_tokens, H * D] of an all-decode fp32 CPU batch; None where the
     kernel does not apply (the caller then takes the torch path)."""
@@ -50,4 +54,7 @@ def attend_qkv(
         num_kv_heads,
         scale,
         sliding_window or 0,
+        q_norm,
+        k_norm,
+        norm_eps,
     )

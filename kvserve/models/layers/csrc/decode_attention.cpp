@@ -1,6 +1,6 @@
 // Everything between qkv_proj and o_proj for a batch of one-token decodes, fp32, on the CPU:
-// RoPE of q and k, the KV write into the paged cache, and attention that reads the cache's
-// blocks in place.
+// (for Qwen3 and Gemma 3) the per-head RMSNorm of q and k, RoPE of q and k, the KV write into the
+// paged cache, and attention that reads the cache's blocks in place.
 //
 // Why: in torch this is ~15 ops per layer (rotary's cat/mul/add, two index_copy_, the gather or
 // workspace bookkeeping, SDPA's own setup), ~0.3 ms per layer at one stream, more than the
@@ -8,7 +8,8 @@
 //
 // Layouts: qkv [B, (H + 2 KVH) * D]; cos/sin [B, D] (sin with its first half negated, as
 // rotary.py builds it: rot(x) = x * cos + cat(x2, x1) * sin); cache [2, num_blocks, block_size,
-// KVH, D]; slot_mapping [B]; block_tables [B, max_blocks]; seq_lens [B] (keys after this token).
+// KVH, D]; slot_mapping [B]; block_tables [B, max_blocks]; seq_lens [B] (keys after this token);
+// q_norm / k_norm [D] or None: the RMSNorm scales (Gemma's 1 + w already added by the caller).
 #include "cpu_kernels.h"
 
 #include <ATen/Parallel.h>
@@ -47,6 +48,15 @@ inline void prefetch_row(const float* row, int64_t D) {
   for (int64_t i = 0; i < D; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
 }
 
+// F.rms_norm of one head's row in fp32: x * rsqrt(mean(x^2) + eps) * w (the sums in another order
+// than torch's, so equal to ~1e-7, not bit for bit).
+inline void rms_norm_row(const float* x, const float* w, float eps, float* out, int64_t D) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < D; ++i) ss += x[i] * x[i];
+  const float rstd = 1.f / std::sqrt(ss / D + eps);
+  for (int64_t i = 0; i < D; ++i) out[i] = x[i] * rstd * w[i];
+}
+
 inline void rope(const float* x, const float* cos, const float* sin, float* out, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t i = 0; i < D; ++i) out[i] = x[i] * cos[i] + x[i < half ? i + half : i - half] * sin[i];
@@ -57,7 +67,9 @@ inline void rope(const float* x, const float* cos, const float* sin, float* out,
 torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                const torch::Tensor& cache, const torch::Tensor& slot_mapping,
                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
-                               int64_t num_heads, int64_t num_kv_heads, double scale, int64_t window) {
+                               int64_t num_heads, int64_t num_kv_heads, double scale, int64_t window,
+                               const c10::optional<torch::Tensor>& q_norm,
+                               const c10::optional<torch::Tensor>& k_norm, double norm_eps) {
   const int64_t B = qkv.size(0), H = num_heads, KVH = num_kv_heads;
   TORCH_CHECK(cache.dim() == 5 && cache.scalar_type() == torch::kFloat32 && cache.is_contiguous(), "cache");
   const int64_t block_size = cache.size(2), D = cache.size(4);
@@ -68,6 +80,13 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && block_tables.scalar_type() == torch::kInt64 &&
               seq_lens.scalar_type() == torch::kInt64 && block_tables.is_contiguous() &&
               slot_mapping.numel() == B && seq_lens.numel() == B && block_tables.size(0) == B);
+  auto norm_scale = [&](const c10::optional<torch::Tensor>& w) -> const float* {
+    if (!w.has_value()) return nullptr;
+    TORCH_CHECK(w->scalar_type() == torch::kFloat32 && w->is_contiguous() && w->numel() == D, "q/k norm: fp32 [D]");
+    return w->data_ptr<float>();
+  };
+  const float* qn = norm_scale(q_norm);
+  const float* kn = norm_scale(k_norm);
   const int64_t group = H / KVH, max_blocks = block_tables.size(1);
   const int64_t kv_stride = cache.size(1) * block_size * KVH * D;  // K plane -> V plane
   const float* x = qkv.data_ptr<float>();
@@ -79,11 +98,17 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
   const int64_t* lens = seq_lens.data_ptr<int64_t>();
   auto q = torch::empty({B, H, D}, qkv.options());
   float* qr = q.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b) {  // RoPE and the KV write: tiny, serial
+  std::vector<float> normed(D);
+  auto head = [&](const float* in, const float* norm) -> const float* {  // q or k head before RoPE
+    if (norm == nullptr) return in;
+    rms_norm_row(in, norm, static_cast<float>(norm_eps), normed.data(), D);
+    return normed.data();
+  };
+  for (int64_t b = 0; b < B; ++b) {  // (q/k norm,) RoPE and the KV write: tiny, serial
     const float* row = x + b * (H + 2 * KVH) * D;
-    for (int64_t h = 0; h < H; ++h) rope(row + h * D, c + b * D, s + b * D, qr + (b * H + h) * D, D);
+    for (int64_t h = 0; h < H; ++h) rope(head(row + h * D, qn), c + b * D, s + b * D, qr + (b * H + h) * D, D);
     float* k_slot = kv + slots[b] * KVH * D;
-    for (int64_t h = 0; h < KVH; ++h) rope(row + (H + h) * D, c + b * D, s + b * D, k_slot + h * D, D);
+    for (int64_t h = 0; h < KVH; ++h) rope(head(row + (H + h) * D, kn), c + b * D, s + b * D, k_slot + h * D, D);
     std::copy(row + (H + KVH) * D, row + (H + 2 * KVH) * D, k_slot + kv_stride);
   }
   auto out = torch::empty({B, H * D}, qkv.options());

@@ -5,7 +5,9 @@
 // dense fp32 GEMV). The scheme is ggml's Q4_1 x Q8_1 / Q8_0 x Q8_0: weights in groups of 32 with
 // fp16 scales, the activation row quantized to int8 per group of 32 inside the call, and the
 // group dot products done in integers (vpmaddubsw). Prologue and epilogues of a decoder layer
-// are fused in: RMSNorm of the input, bias, residual add, SiLU(gate) * up of a [gate | up] weight.
+// are fused in: RMSNorm of the input, bias, residual add, SiLU(gate) * up (or Gemma's
+// GELU-tanh(gate) * up) of a [gate | up] weight, and Gemma's RMSNorm of the output before the
+// residual add (post_norm).
 //
 // Formats (built by ../lowbit_cpu.py, which also holds the torch reference of this math):
 //   int4: qweight uint8 [N, K/2]; byte j of group g holds weight 32g+j (low nibble) and 32g+j+16
@@ -30,6 +32,30 @@ namespace {
 
 constexpr int ROW_BLOCK = 4;
 
+enum Act : int64_t { SILU = 0, GELU_TANH = 1 };
+
+// act(gate) * up. SiLU is written as it always was here (the SmolLM2/Qwen logits stay the same
+// bits); GELU-tanh is torch's F.gelu(approximate="tanh").
+inline float gate_act(float g, float u, int64_t act) {
+  if (act == SILU) return g / (1.f + std::exp(-g)) * u;
+  const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // sqrt(2 / pi)
+  return 0.5f * g * (1.f + std::tanh(inner)) * u;
+}
+
+// y[m] = res[m] + rms_norm(y[m]) * w (Gemma's norm of a projection's output before the residual add).
+void post_norm_rows(float* y, const float* w, float eps, const float* res, int64_t M, int64_t N) {
+  for (int64_t m = 0; m < M; ++m) {
+    float* ym = y + m * N;
+    float ss = 0.f;
+    for (int64_t n = 0; n < N; ++n) ss += ym[n] * ym[n];
+    const float rstd = 1.f / std::sqrt(ss / N + eps);
+    for (int64_t n = 0; n < N; ++n) {
+      const float v = ym[n] * rstd * w[n];
+      ym[n] = res != nullptr ? v + res[m * N + n] : v;
+    }
+  }
+}
+
 // Whether `packed` (lowbit_x4.h) serves this call: one activation row (with more, the row layout's
 // kernel unpacks each weight group once for 4 rows, and was 12-15% faster at 2-8 rows, measured), int4
 // on quantized activations or int8 on fp32 ones, and a gated weight's up half on a block of 4 rows.
@@ -45,7 +71,7 @@ bool use_x4(const c10::optional<torch::Tensor>& packed, int64_t M, int64_t bits,
 // The x4 layout's loop: each block of 4 output rows for every activation row in turn, so the block's
 // bytes come from DRAM once and from L1 for the other rows (a block is G * 80 bytes: 1.4 KB at K = 576).
 void linear_x4(const uint8_t* packed, int64_t bits, const QuantRows& xq, const float* xf, int64_t M, int64_t K,
-               int64_t N, int64_t N_out, const float* b, const float* res, bool gated, float* y) {
+               int64_t N, int64_t N_out, const float* b, const float* res, bool gated, int64_t act, float* y) {
   const int64_t G = K / QK, block_bytes = G * (bits == 4 ? X4_Q4_BYTES : X4_Q8_BYTES);
   auto dot4 = [&](int64_t block, int64_t m, float* v) {  // rows 4 * block + [0, 4) for activation row m
     const uint8_t* blk = packed + block * block_bytes;
@@ -64,7 +90,7 @@ void linear_x4(const uint8_t* packed, int64_t bits, const QuantRows& xq, const f
         dot4(block, m, gv);
         if (gated) {
           dot4(block + N_out / 4, m, uv);
-          for (int i = 0; i < 4; ++i) gv[i] = gv[i] / (1.f + std::exp(-gv[i])) * uv[i];
+          for (int i = 0; i < 4; ++i) gv[i] = gate_act(gv[i], uv[i], act);
         }
         for (int i = 0; i < 4 && 4 * block + i < N_out; ++i) {
           const int64_t at = m * N_out + 4 * block + i;
@@ -78,12 +104,14 @@ void linear_x4(const uint8_t* packed, int64_t bits, const QuantRows& xq, const f
 }  // namespace
 
 // y = act(x' @ W^T + bias) + residual, x' = rms_norm(x) when norm_weight is given.
-// gated: W is [gate | up] with N = 2I rows and y[:, i] = silu(gate_i) * up_i, shape [M, I].
+// gated: W is [gate | up] with N = 2I rows and y[:, i] = act(gate_i) * up_i, shape [M, I]
+// (act: 0 SiLU, 1 GELU-tanh). post_norm: y = rms_norm(x' @ W^T + bias) * post_norm + residual.
 torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
                             int64_t bits, const c10::optional<torch::Tensor>& bias,
                             const c10::optional<torch::Tensor>& residual,
                             const c10::optional<torch::Tensor>& norm_weight, double eps, bool gated,
-                            bool quantize_x, const c10::optional<torch::Tensor>& packed) {
+                            bool quantize_x, const c10::optional<torch::Tensor>& packed, int64_t act,
+                            const c10::optional<torch::Tensor>& post_norm, double post_eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous fp32 [M, K]");
   TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0), G = K / QK;
@@ -97,6 +125,7 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight
     TORCH_CHECK(norm_weight->scalar_type() == torch::kFloat32 && norm_weight->numel() == K);
     norm = norm_weight->data_ptr<float>();
   }
+  TORCH_CHECK(act == SILU || act == GELU_TANH, "act: 0 (SiLU) or 1 (GELU-tanh)");
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   const float* res = nullptr;
   if (residual.has_value()) {
@@ -104,12 +133,20 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight
                 residual->size(0) == M && residual->size(1) == N_out, "residual: contiguous fp32 [M, N_out]");
     res = residual->data_ptr<float>();
   }
+  const float* post = nullptr;
+  if (post_norm.has_value()) {
+    TORCH_CHECK(post_norm->scalar_type() == torch::kFloat32 && post_norm->is_contiguous() &&
+                post_norm->numel() == N_out, "post_norm: contiguous fp32 [N_out]");
+    post = post_norm->data_ptr<float>();
+  }
+  const float* row_res = post != nullptr ? nullptr : res;  // with post_norm, the residual comes after it
   const float* xf = x.data_ptr<float>();
   const QuantRows xq = quantize_x ? quantize_rows(xf, M, K, norm, static_cast<float>(eps)) : QuantRows{};
   auto out = torch::empty({M, N_out}, x.options());
   float* y = out.data_ptr<float>();
   if (use_x4(packed, M, bits, quantize_x, gated, N, G)) {
-    linear_x4(packed->data_ptr<uint8_t>(), bits, xq, xf, M, K, N, N_out, b, res, gated, y);
+    linear_x4(packed->data_ptr<uint8_t>(), bits, xq, xf, M, K, N, N_out, b, row_res, gated, act, y);
+    if (post != nullptr) post_norm_rows(y, post, static_cast<float>(post_eps), res, M, N_out);
     return out;
   }
   const at::Half* sc = scales.data_ptr<at::Half>();
@@ -162,14 +199,15 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const torch::Tensor& qweight
         dot(n, m, r, gv);
         if (gated) {
           dot(n + N_out, m, r, uv);
-          for (int i = 0; i < r; ++i) gv[i] = gv[i] / (1.f + std::exp(-gv[i])) * uv[i];
+          for (int i = 0; i < r; ++i) gv[i] = gate_act(gv[i], uv[i], act);
         }
         for (int i = 0; i < r; ++i) {
           const int64_t at = (m + i) * N_out + n;
-          y[at] = res != nullptr ? gv[i] + res[at] : gv[i];
+          y[at] = row_res != nullptr ? gv[i] + row_res[at] : gv[i];
         }
       }
     }
   });
+  if (post != nullptr) post_norm_rows(y, post, static_cast<float>(post_eps), res, M, N_out);
   return out;
 }
