@@ -3,13 +3,17 @@
 int4 GEMVs, so this checks that it leaves the answers alone.
 
     .venv/bin/python scripts/cpu_greedy_check.py --weight-quant int4
+    .venv/bin/python scripts/cpu_greedy_check.py --model gemma3-270m --weight-quant int4 --versus dense
 
-Prints the questions whose answers differ (with both texts) and exits 1 if any do.
+`--versus dense` compares with a dense fp32 engine instead (the quantization's own effect: answers
+may differ, and the printout says after how many tokens). Prints the questions whose answers differ
+(with both texts) and exits 1 if any do.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -59,29 +63,43 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--weight-quant", default="int4", choices=("int4", "int8"))
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--versus", choices=("row-layout", "dense"), default="row-layout")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = EngineConfig(model="smollm2", device="cpu", dtype="float32", weight_quant=args.weight_quant)
+    config = EngineConfig(model=args.model, device="cpu", dtype="float32", weight_quant=args.weight_quant)
     engine = build_engine(config, progress=False)
     tokenizer = engine.loaded.tokenizer.tokenizer
+    template = engine.loaded.tokenizer.chat_template
     prompts = [
         tokenizer.encode(
             tokenizer.apply_chat_template(
-                [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+                [{"role": "user", "content": q}],
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=True,
             ),
             add_special_tokens=False,
         )
+        if template  # a base model without one (Gemma 3 270M's GGUF): a plain completion prompt
+        else tokenizer.encode(f"Question: {q}\nAnswer:", add_special_tokens=True)
         for q in QUESTIONS
     ]
-    use_x4(engine, False)
-    before = answers(engine, prompts, args.max_tokens)
-    use_x4(engine, True)
+    if args.versus == "dense":
+        dense = build_engine(dataclasses.replace(config, weight_quant="none"), progress=False)
+        before, names = answers(dense, prompts, args.max_tokens), ("dense", args.weight_quant)
+    else:
+        use_x4(engine, False)
+        before, names = answers(engine, prompts, args.max_tokens), ("row layout", "x4 layout")
+        use_x4(engine, True)
     after = answers(engine, prompts, args.max_tokens)
     differ = [i for i in range(len(QUESTIONS)) if before[i] != after[i]]
     for i in differ:
-        print(
-            f"{QUESTIONS[i]!r}\n  row layout: {tokenizer.decode(before[i])!r}\n  x4 layout:  {tokenizer.decode(after[i])!r}"
+        same = next(
+            n for n, (a, b) in enumerate(zip(before[i] + [-1], after[i] + [-2], strict=False)) if a != b
         )
+        print(f"{QUESTIONS[i]!r} (first {same} tokens identical)")
+        print(f"  {names[0]}: {tokenizer.decode(before[i])!r}\n  {names[1]}: {tokenizer.decode(after[i])!r}")
     print(f"{args.weight_quant}: {len(QUESTIONS) - len(differ)} of {len(QUESTIONS)} greedy answers identical")
     print(f"e.g. {QUESTIONS[0]!r} -> {tokenizer.decode(after[0])!r}")
     sys.exit(1 if differ else 0)
