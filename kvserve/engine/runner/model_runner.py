@@ -64,6 +64,11 @@ class ModelRunner:
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator | None] = {}
         self._pending_buffers = PendingTokensBuffers(max_num_seqs, device)
+        # Low-bit decode copies (--weight-quant, CPU): decode rows of a step that also computes prompt
+        # tokens run in a forward of their own (see _forward_eager).
+        from kvserve.models.layers.quant import WeightOnlyLinear
+
+        self.split_mixed_steps = any(isinstance(m, WeightOnlyLinear) for m in self.model.modules())
         self.graphs = None
         if device.type == "cuda" and not enforce_eager and self.attention_backend == "triton":
             from kvserve.engine.runner.cuda_graphs import DecodeGraphs
@@ -166,6 +171,17 @@ class ModelRunner:
     def _forward_eager(
         self, scheduled: list[ScheduledRequest]
     ) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
+        num_decodes = _num_leading_decodes(scheduled) if self.split_mixed_steps else 0
+        if 0 < num_decodes < len(scheduled):
+            # With low-bit decode copies a step that computes prompt tokens runs on the dense weights
+            # (so a prompt's KV never depends on the prefix cache). Its decode rows would then decode on
+            # other weights than in a decode-only step, and an answer would depend on whether another
+            # request's prompt arrived meanwhile (SmolLM2 int4: 3 of 8 answers changed). So they run as
+            # the decode-only step they would otherwise be, and the prompt rows after them.
+            decode_logits, decode_rows = self._forward_eager(scheduled[:num_decodes])
+            prompt_logits, prompt_rows = self._forward_eager(scheduled[num_decodes:])
+            parts = [logits for logits in (decode_logits, prompt_logits) if logits is not None]
+            return (torch.cat(parts) if parts else None), decode_rows + prompt_rows
         inputs = build_model_inputs(scheduled, self.block_size, self.device)
         with forward_context(inputs.attn):
             hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
@@ -215,3 +231,13 @@ class ModelRunner:
         if request_id not in self._generators:
             self._generators[request_id] = make_generator(seed, self.device)
         return self._generators[request_id]
+
+
+def _num_leading_decodes(scheduled: list[ScheduledRequest]) -> int:
+    """How many of the step's first requests are one-token decodes (the scheduler puts them first)."""
+    count = 0
+    for s in scheduled:
+        if not s.is_decode:
+            break
+        count += 1
+    return count

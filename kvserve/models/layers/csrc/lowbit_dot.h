@@ -90,7 +90,11 @@ inline __m256i dot_q8_q8_group(__m256i qw, __m256i qv) {
 
 // One output row . R quantized activation rows (R <= 4): each weight group is loaded and unpacked
 // once for the R rows, which is what keeps a batched step (16 rows) from redoing the unpacking per
-// row. R = 1 is dot_row below; with R > 1 the rows are the independent FMA chains.
+// row. R = 1 is dot_row below.
+// NOTE: every row's float operations are dot_row's, in its order (group g on chain g mod 4, the chains
+// summed pairwise at the end), so a row's result does not depend on how many rows share the call: an
+// answer must not change with the other requests decoding beside it (batch invariance; tested). The
+// chains run one after the other, as in dot_x4_q4, so R accumulators are live rather than 4 R.
 template <int BITS>
 inline void dot_row(const uint8_t* w, const at::Half* d, const int8_t* qx, const float* dx, int64_t G, float* out);
 
@@ -102,26 +106,32 @@ inline void dot_rows(const uint8_t* w, const at::Half* d, const int8_t* qx, cons
     return;
   }
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < G; ++g) {
-    __m256i wu;  // the unsigned operand of maddubs
-    __m256i ws = _mm256_setzero_si256();  // int8 only: the weights' signs, moved onto the activations
-    if constexpr (BITS == 4) {
-      wu = unpack_q4(w + g * 16);
-    } else {
-      ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * QK));
-      wu = _mm256_sign_epi8(ws, ws);  // |w| . (x * sign(w)), as ggml does
+  __m256 chains[4][R];
+  for (int a = 0; a < 4; ++a) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = a; g < G; g += 4) {
+      __m256i wu;  // the unsigned operand of maddubs
+      __m256i ws = _mm256_setzero_si256();  // int8 only: the weights' signs, moved onto the activations
+      if constexpr (BITS == 4) {
+        wu = unpack_q4(w + g * 16);
+      } else {
+        ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * QK));
+        wu = _mm256_sign_epi8(ws, ws);  // |w| . (x * sign(w)), as ggml does
+      }
+      const float dw = fp16(d + g);
+      for (int r = 0; r < R; ++r) {
+        __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + r * K + g * QK));
+        if constexpr (BITS == 8) qv = _mm256_sign_epi8(qv, ws);
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wu, qv), ones));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r * G + g]), p, acc[r]);
+      }
     }
-    const float dw = fp16(d + g);
-    for (int r = 0; r < R; ++r) {
-      __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + r * K + g * QK));
-      if constexpr (BITS == 8) qv = _mm256_sign_epi8(qv, ws);
-      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wu, qv), ones));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r * G + g]), p, acc[r]);
-    }
+    for (int r = 0; r < R; ++r) chains[a][r] = acc[r];
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) {
+    out[r] = hsum(_mm256_add_ps(_mm256_add_ps(chains[0][r], chains[1][r]), _mm256_add_ps(chains[2][r], chains[3][r])));
+  }
 }
 
 // dot_rows for one activation row (single-stream decode). Four accumulators, one per group mod 4:
@@ -182,42 +192,34 @@ inline float dot_row_q8_f32(const int8_t* w, const at::Half* d, const float* x, 
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
-// The same for R rows, each group's weights widened to fp32 and scaled once for the R rows. A row's
-// result does not depend on R (each row is its own chain), so R = 1 here gives, bit for bit, what any
-// row of a multi-row call gets.
+// dot_row_q8_f32 for R rows, each group's weights widened to fp32 once for the R rows; every row's float
+// operations are dot_row_q8_f32's, in its order (products, then the scale), so the LM head's logits of a
+// row do not depend on how many rows share the call (batch invariance; tested).
 template <int R>
-inline void dot_rows_q8_f32_prescaled(const int8_t* w, const at::Half* d, const float* x, int64_t K, int64_t G,
-                                      float* out) {
-  __m256 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+inline void dot_rows_q8_f32(const int8_t* w, const at::Half* d, const float* x, int64_t K, int64_t G, float* out) {
+  if constexpr (R == 1) {
+    out[0] = dot_row_q8_f32(w, d, x, G);
+    return;
+  }
+  __m256 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < G; ++g) {
     const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + g * QK));
     const __m128i lo = _mm256_castsi256_si128(qw), hi = _mm256_extracti128_si256(qw, 1);
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
     const __m256 scale = _mm256_set1_ps(fp16(d + g));
-    const __m256 w0 = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
-    const __m256 w1 = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
-    const __m256 w2 = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
-    const __m256 w3 = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
     for (int r = 0; r < R; ++r) {
       const float* xg = x + r * K + g * QK;
-      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), acc[r][1]);
-      acc[r][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), acc[r][1]);
+      const __m256 t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(w0, _mm256_loadu_ps(xg)));
+      const __m256 u = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), _mm256_mul_ps(w2, _mm256_loadu_ps(xg + 16)));
+      acc0[r] = _mm256_fmadd_ps(scale, t, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(scale, u, acc1[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
-}
-
-// R rows: one row keeps dot_row_q8_f32, which scales after the products (fewer instructions for one row).
-template <int R>
-inline void dot_rows_q8_f32(const int8_t* w, const at::Half* d, const float* x, int64_t K, int64_t G,
-                            float* out) {
-  if constexpr (R == 1) {
-    out[0] = dot_row_q8_f32(w, d, x, G);
-  } else {
-    dot_rows_q8_f32_prescaled<R>(w, d, x, K, G, out);
-  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r]));
 }
 
 }  // namespace lowbit
