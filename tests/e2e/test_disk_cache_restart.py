@@ -24,8 +24,8 @@ from tests.serve_process import in_process_server, running_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-# fp32 whatever the CPU: see `server`.
-SERVE_ARGS = ["--ctx", "8192", "--dtype", "float32"]
+# fp32 whatever the CPU, and dense decode: see `server`.
+SERVE_ARGS = ["--ctx", "8192", "--dtype", "float32", "--weight-quant", "none"]
 SYSTEM = "You are a helpful assistant. Answer briefly."
 WORDS = [
     "river",
@@ -88,6 +88,11 @@ def server(cache_args: list[str], log: Path) -> Iterator[str]:
     fp32 whatever the CPU: in bf16 (`--dtype auto` on AVX512-BF16/AMX CPUs) KV computed in other
     prefill splits (a disk hit + a 30-token tail vs a whole prefill) rounds differently, and the
     greedy answers of the Responses turn diverged after 12 tokens; the test asks for equal tokens.
+    Dense decode (`--weight-quant none`; `auto` decodes SmolLM2's Q4 file on int4): the next turn
+    reuses the KV of the first turn's answer, which a low-bit decode computed with int8-rounded
+    activations and the cold reference prefills on the dense weights, so with `auto` the two answers
+    of "And in note 5?" differed after a few words (a cache hit on generated tokens carries the
+    decode's arithmetic, as in llama.cpp and vLLM; README, --weight-quant).
     """
     with running_server([*SERVE_ARGS, *cache_args], log) as url:
         yield url
