@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # One device-machine session: environment, GPU tests, engine benchmarks. Stages as arguments:
-#   gemv | tests | ab | head | bench1b | profile | bench8b | serve. Logs and JSON go to $OUT (or ./gpu-out).
+#   gemv | tests | ab | head | bench1b | profile | bench8b | serve | diag. Logs and JSON go to $OUT (or ./gpu-out).
 # serve (issue 21): HTTP end to end on a random Llama-3.2-1B-shaped HF folder (scripts/serve_e2e_bench.py: bench serve
 # --ignore-eos per concurrency after one untimed wave of it, 4 timed waves, bench engine, and the engine alone on the same workload, scripts/engine_workload_bench.py);
+# diag (issue 21, written in a session without a GPU): a cold server's first waves at 16/64/256 streams (its log
+# grepped for compile_watch's warnings: the ~1 s first-burst stall), the engine alone with every step timed by kind
+# (engine_workload_bench.py --step-log: how much of a run the mixed steps take), and the HTTP load again with torch's
+# intra-op threads at 1 in every process (OMP_NUM_THREADS=1, as vLLM caps its workers'). About 9 minutes.
 # $SERVE_WHEELS holds the server's py3.12 wheels (fastapi with its opentelemetry-api, starlette, uvicorn, httptools,
 # pydantic(-core), annotated-types/-doc, typing-inspection/-extensions, sniffio, llguidance, gguf, py-spy) and
 # $SERVE_TOKENIZER SmolLM2's tokenizer files (AutoTokenizer.from_pretrained(dir, gguf_file=...).save_pretrained).
@@ -52,6 +56,21 @@ for stage in "$@"; do
         --shape llama-3.2-1b --device cuda --concurrency 1,16,64,256 --input-len 512 --output-len 256 \
         --client-procs 8 --warmup --waves 4 2>&1 | tee "$OUT/serve.log" | grep -v "^[│┏┃┡└ ]"
       cp /tmp/serve/summary.md "$OUT/serve-summary.md"; tar czf "$OUT/serve.tgz" -C /tmp serve ;;
+    diag)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        "${SERVE_WHEELS:-.whl}"/*.whl && export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
+      common=(--tokenizer "${SERVE_TOKENIZER:-tok}" --shape llama-3.2-1b --device cuda --input-len 512
+        --output-len 256 --client-procs 8 --waves 4 --no-engine)
+      timeout 200 python3 scripts/serve_e2e_bench.py "${common[@]}" --concurrency 16,64,256 --out /tmp/cold \
+        > "$OUT/cold.log" 2>&1
+      cat /tmp/cold/summary.md; cp /tmp/cold/server.log "$OUT/cold-server.log"
+      grep -iE "compile|warn|error" /tmp/cold/server.log | head -40
+      timeout 150 python3 scripts/engine_workload_bench.py --model /tmp/kvserve-random-model/llama-3.2-1b \
+        --device cuda --concurrency 64,256 --waves 4 --warmup --step-log --json "$OUT/steps.json" > "$OUT/steps.log" 2>&1
+      grep -E "engine workload|compile" "$OUT/steps.log"
+      OMP_NUM_THREADS=1 timeout 200 python3 scripts/serve_e2e_bench.py "${common[@]}" --warmup --concurrency 64,256 \
+        --out /tmp/omp1 > "$OUT/omp1.log" 2>&1
+      cat /tmp/omp1/summary.md ;;
     bench8b)
       timeout 400 python3 -m kvserve bench engine --device cuda --shape llama-3.1-8b --repeats 2 \
         --json "$OUT/bench_llama-3.1-8b.json" 2>&1 | tee "$OUT/bench_8b.log" | grep -v '^{' ;;
