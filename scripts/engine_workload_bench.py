@@ -24,7 +24,8 @@ class StepLog:
 
     An overlapped decode step plans step n + 1 and reads step n, so its time is the host's share of
     one decode step plus the wait for the device; a plain step plans, runs and reads one batch.
-    Steps are grouped by kind: decode-only (one token per request) or with prompt tokens (mixed).
+    Steps are grouped by kind: decode-only (one token per request), or with prompt tokens (a prefill,
+    or decodes mixed with a prompt: the eager kind).
     """
 
     def __init__(self, core) -> None:
@@ -47,10 +48,12 @@ class StepLog:
         return outputs
 
     def summary(self) -> dict:
-        kinds: dict[str, list[tuple[float, int, int]]] = {"decode": [], "mixed": [], "read_only": []}
+        kinds: dict[str, list[tuple[float, int, int]]] = {"decode": [], "with_prompt": [], "read_only": []}
         for row in self.rows:
             _, requests, tokens = row
-            kinds["read_only" if not requests else "decode" if tokens == requests else "mixed"].append(row)
+            kinds["read_only" if not requests else "decode" if tokens == requests else "with_prompt"].append(
+                row
+            )
         out = {}
         for kind, rows in kinds.items():
             if rows:
@@ -128,7 +131,7 @@ def main() -> None:
     p.add_argument(
         "--step-log",
         action="store_true",
-        help="time every engine step and report them by kind (decode, mixed)",
+        help="time every engine step and report them by kind (decode-only, with prompt tokens)",
     )
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args()

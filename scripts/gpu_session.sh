@@ -5,7 +5,7 @@
 # --ignore-eos per concurrency after one untimed wave of it, 4 timed waves, bench engine, and the engine alone on the same workload, scripts/engine_workload_bench.py);
 # diag (issue 21, written in a session without a GPU): a cold server's first waves at 16/64/256 streams (its log
 # grepped for compile_watch's warnings: the ~1 s first-burst stall), the engine alone with every step timed by kind
-# (engine_workload_bench.py --step-log: how much of a run the mixed steps take), and the HTTP load again with torch's
+# (engine_workload_bench.py --step-log: how much of a run the steps with prompt tokens take), and the HTTP load again with torch's
 # intra-op threads at 1 in every process (OMP_NUM_THREADS=1, as vLLM caps its workers'). About 9 minutes.
 # $SERVE_WHEELS holds the server's py3.12 wheels (fastapi with its opentelemetry-api, starlette, uvicorn, httptools,
 # pydantic(-core), annotated-types/-doc, typing-inspection/-extensions, sniffio, llguidance, gguf, py-spy) and
