@@ -11,6 +11,7 @@
 // KVH, D]; slot_mapping [B]; block_tables [B, max_blocks]; seq_lens [B] (keys after this token);
 // q_norm / k_norm [D] or None: the RMSNorm scales (Gemma's 1 + w already added by the caller).
 #include "cpu_kernels.h"
+#include "rms_norm.h"
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -46,15 +47,6 @@ constexpr int64_t PREFETCH_ROWS = 8;
 
 inline void prefetch_row(const float* row, int64_t D) {
   for (int64_t i = 0; i < D; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
-}
-
-// F.rms_norm of one head's row in fp32: x * rsqrt(mean(x^2) + eps) * w (the sums in another order
-// than torch's, so equal to ~1e-7, not bit for bit).
-inline void rms_norm_row(const float* x, const float* w, float eps, float* out, int64_t D) {
-  float ss = 0.f;
-  for (int64_t i = 0; i < D; ++i) ss += x[i] * x[i];
-  const float rstd = 1.f / std::sqrt(ss / D + eps);
-  for (int64_t i = 0; i < D; ++i) out[i] = x[i] * rstd * w[i];
 }
 
 inline void rope(const float* x, const float* cos, const float* sin, float* out, int64_t D) {

@@ -3,6 +3,8 @@
 // Formats: see lowbit_linear.cpp.
 #pragma once
 
+#include "rms_norm.h"
+
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
@@ -37,11 +39,8 @@ inline QuantRows quantize_rows(const float* x, int64_t M, int64_t K, const float
   std::vector<float> row(K);
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * K;
-    if (norm != nullptr) {  // F.rms_norm in fp32: x * rsqrt(mean(x^2) + eps) * w
-      float ss = 0.f;
-      for (int64_t k = 0; k < K; ++k) ss += xm[k] * xm[k];
-      const float rstd = 1.f / std::sqrt(ss / K + eps);
-      for (int64_t k = 0; k < K; ++k) row[k] = xm[k] * rstd * norm[k];
+    if (norm != nullptr) {
+      rms_norm_row(xm, norm, eps, row.data(), K);
       xm = row.data();
     }
     for (int64_t g = 0; g < G; ++g) {

@@ -46,10 +46,8 @@ inline float gate_act(float g, float u, int64_t act) {
 void post_norm_rows(float* y, const float* w, float eps, const float* res, int64_t M, int64_t N) {
   for (int64_t m = 0; m < M; ++m) {
     float* ym = y + m * N;
-    float ss = 0.f;
-    for (int64_t n = 0; n < N; ++n) ss += ym[n] * ym[n];
-    const float rstd = 1.f / std::sqrt(ss / N + eps);
-    for (int64_t n = 0; n < N; ++n) {
+    const float rstd = rms_rstd(ym, N, eps);
+    for (int64_t n = 0; n < N; ++n) {  // one expression with the residual add (the compiler fuses it)
       const float v = ym[n] * rstd * w[n];
       ym[n] = res != nullptr ? v + res[m * N + n] : v;
     }
