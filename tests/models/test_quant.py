@@ -42,3 +42,23 @@ def test_int4_is_exact_on_a_q4_grid() -> None:
     x = torch.eye(64).bfloat16()[:8]
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, scales_and_zeros)
     assert torch.equal(out, weight[:, :8].t())
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_bf16_prefill_keeps_fp32_decode_and_runs_prompt_batches_in_bf16(scheme: str) -> None:
+    """`bf16_prefill` (an fp32 engine on an AVX512-BF16/AMX CPU): decode-sized batches still run the
+    fp32 low-bit kernel, bit for bit; prompt-sized ones run the dense GEMM on bf16 weights, whose
+    output comes back in fp32."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 96) * 0.05
+    bias = torch.randn(64)
+    plain = WeightOnlyLinear(weight, bias, scheme, max_quant_rows=4)
+    halved = WeightOnlyLinear(weight, bias, scheme, max_quant_rows=4, bf16_prefill=True)
+    assert halved.weight.dtype == torch.bfloat16 and plain.weight.dtype == torch.float32
+    small = torch.randn(3, 96)
+    assert torch.equal(halved(small), plain(small))
+    large = torch.randn(8, 96)
+    out = halved(large)
+    expected = torch.nn.functional.linear(large.bfloat16(), weight.bfloat16(), bias.bfloat16()).float()
+    assert out.dtype == torch.float32 and torch.equal(out, expected)
+    assert not torch.equal(out, plain(large))  # the bf16 GEMM really ran

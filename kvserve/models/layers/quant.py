@@ -45,12 +45,14 @@ class WeightOnlyLinear(nn.Module):
         quantize_input: bool = True,
         int8_prefill: bool = False,
         prompt_dense: bool = True,
+        bf16_prefill: bool = False,
     ) -> None:
         super().__init__()
         assert weight.dtype in (torch.bfloat16, torch.float32) and weight.device.type == "cpu", "CPU only"
         assert scheme != "none"
         self.weight = weight  # [out, in] dense, for prefill-sized batches
         self.bias = bias
+        self.dense_bias = bias  # the dense path's: bf16 with bf16_prefill
         self.scheme = scheme
         # fp32 kernel only: False keeps activations in fp32 (the LM head's argmax is sensitive).
         self.quantize_input = quantize_input
@@ -76,6 +78,12 @@ class WeightOnlyLinear(nn.Module):
         if max_quant_rows is None:
             max_quant_rows = default_max_quant_rows(scheme, weight.dtype)
         self.max_quant_rows = max_quant_rows
+        if bf16_prefill and weight.dtype == torch.float32 and self.gemm_qweight is None:
+            # fp32 engine on a CPU with fast bf16 (AVX512-BF16/AMX): the dense weights, which only
+            # prompt-sized batches use, in bf16 for oneDNN's bf16 GEMM (~1.7x fp32's) at half the
+            # RAM; decode keeps the low-bit kernels above, which beat torch's bf16 ones ~2x.
+            self.weight = weight.to(torch.bfloat16)
+            self.dense_bias = None if bias is None else bias.to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A step that computes prompt tokens runs on the dense weights (or --int8-prefill's GEMM) at
@@ -87,6 +95,8 @@ class WeightOnlyLinear(nn.Module):
                 )
                 if out is not None:
                     return out
+            if self.weight.dtype != x.dtype:  # bf16_prefill
+                return F.linear(x.to(self.weight.dtype), self.weight, self.dense_bias).to(x.dtype)
             return F.linear(x, self.weight, self.bias)
         if self.bits is not None:
             return lowbit_cpu.lowbit_linear(
@@ -153,7 +163,12 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def apply_weight_quant(
-    model: nn.Module, scheme: WeightQuant, *, quantize_head: bool = True, int8_prefill: bool = False
+    model: nn.Module,
+    scheme: WeightQuant,
+    *,
+    quantize_head: bool = True,
+    int8_prefill: bool = False,
+    bf16_prefill: bool = False,
 ) -> int:
     """Wrap every nn.Linear of `model` (and the LM head) in place; returns how many were wrapped.
     int8_prefill: fp32 int4 layers also run prefill on the int4 x int8 GEMM (lowbit_cpu.lowbit_gemm)."""
@@ -167,7 +182,9 @@ def apply_weight_quant(
         if isinstance(child, nn.Linear) and child is not head
     ]
     for parent, name, child in targets:
-        layer = WeightOnlyLinear(child.weight.data, _bias(child), scheme, int8_prefill=int8_prefill)
+        layer = WeightOnlyLinear(
+            child.weight.data, _bias(child), scheme, int8_prefill=int8_prefill, bf16_prefill=bf16_prefill
+        )
         setattr(parent, name, layer)
     if quantize_head and hasattr(model, "head_quant"):
         # The head is the single largest GEMV (vocab x hidden); int8 keeps its logits precise.
