@@ -105,8 +105,8 @@ def main() -> None:
     if not args.no_bit_check:
         check_same_bits(before, after)
     config = EngineConfig(
-        model="smollm2", device="cpu", dtype="float32", weight_quant="int4", max_model_len=4096,
-        cache=CacheConfig(kv_cache_memory_mb=512),
+        model="smollm2", device="cpu", dtype="float32", weight_quant="int4", max_model_len=8192,
+        cache=CacheConfig(kv_cache_memory_mb=1024),
     )  # fmt: skip
     engine = build_engine(config, progress=False)
     params = SamplingParams(temperature=0.0, max_tokens=1_000_000, ignore_eos=True)

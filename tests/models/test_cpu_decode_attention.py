@@ -45,7 +45,9 @@ def _decode_batch(
 
 
 @pytest.mark.parametrize("window", [None, 5])
-@pytest.mark.parametrize("seq_lens", [[1], [29], [29, 6, 17, 1]], ids=["first", "one", "ragged"])
+@pytest.mark.parametrize(
+    "seq_lens", [[1], [29], [29, 6, 17, 1], [101]], ids=["first", "one", "ragged", "tiles"]
+)
 def test_matches_the_torch_path(seq_lens: list[int], window: int | None) -> None:
     cache, metadata = _decode_batch(seq_lens)
     qkv = torch.randn(len(seq_lens), (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM)
@@ -115,3 +117,25 @@ def test_declines_what_it_does_not_cover() -> None:
     assert cpu_decode.attend_qkv(qkv.bfloat16(), cos, sin, cache.bfloat16(), metadata, *args) is None
     metadata.num_decodes = 1  # the second sequence is a (one-token) prefill chunk: mixed batch
     assert cpu_decode.attend_qkv(qkv, cos, sin, cache, metadata, *args) is None
+
+
+@pytest.mark.parametrize("seq_lens", [[101], [101, 37, 8]], ids=["one", "three"])
+def test_the_thread_count_does_not_change_the_bits(seq_lens: list[int]) -> None:
+    """With fewer sequences than threads, a sequence's KV heads are split over tasks; each head's
+    arithmetic must not depend on that split (answers must not depend on --threads or the batch)."""
+    cache, metadata = _decode_batch(seq_lens, num_kv_heads=3)
+    heads, kv_heads = 9, 3
+    qkv = torch.randn(len(seq_lens), (heads + 2 * kv_heads) * HEAD_DIM)
+    cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3, 4):
+            torch.set_num_threads(n)
+            out = cpu_decode.attend_qkv(qkv, cos, sin, cache.clone(), metadata, heads, kv_heads, 0.125, None)
+            assert out is not None
+            outs.append(out)
+    finally:
+        torch.set_num_threads(threads)
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])

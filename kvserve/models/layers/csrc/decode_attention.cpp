@@ -39,10 +39,76 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return _mm_cvtss_f32(x) + tail;
 }
 
-// A key's or value's row (D floats) into L1 ahead of its use. Why: the rows of one KV head are
-// KVH * D floats apart and come from DRAM (a step's weights have evicted them), and without it the
-// loads of the score and value loops were most of a step's attention time (perf, SmolLM2 decode).
-// The arithmetic is untouched.
+// exp(x) for x <= 0 (scores minus their maximum), 8 at a time: x = n ln2 + r with |r| <= ln2 / 2,
+// exp(r) by Cephes' degree-6 expf polynomial (about 1 ulp), 2^n through the exponent bits. Why: a
+// scalar std::exp per score was the largest part of long-context decode (SmolLM2 at 7K context
+// takes 1.9M of them per step). Clamped at -87 so that 2^n stays a normal float (exp(-87) ~ 1.6e-38;
+// a probability that small adds nothing to a sum that holds a 1).
+inline __m256 exp_neg(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 in two parts (Cody-Waite)
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 e = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(e, _mm256_castsi256_ps(pow2n));
+}
+
+// The same for one float (a row's tail), lane 0 of the vector version: the same bits.
+inline float exp_neg(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp_neg(_mm256_set1_ps(x)))); }
+
+// softmax over n scores in place.
+inline void softmax(float* s, int64_t n) {
+  int64_t t = 0;
+  __m256 mx8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (; t + 8 <= n; t += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(s + t));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx8), _mm256_extractf128_ps(mx8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  float mx = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_movehdup_ps(m4)));
+  for (; t < n; ++t) mx = std::max(mx, s[t]);
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 sum8 = _mm256_setzero_ps();
+  float tail = 0.f;
+  for (t = 0; t + 8 <= n; t += 8) {
+    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + t), m));
+    _mm256_storeu_ps(s + t, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  for (; t < n; ++t) tail += (s[t] = exp_neg(s[t] - mx));
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(sum8), _mm256_extractf128_ps(sum8, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  const __m256 inv = _mm256_set1_ps(1.f / (_mm_cvtss_f32(x) + tail));
+  for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
+  for (; t < n; ++t) s[t] *= _mm_cvtss_f32(_mm256_castps256_ps128(inv));
+}
+
+// The 8 dot products q . k[j] (D floats each, D a multiple of 8), as one vector. Why: one dot
+// product's horizontal sum takes about as many instructions as its 8 FMAs at D = 64; summing 8 at
+// once (a transpose by hadd) takes about a quarter of that per key.
+inline __m256 dot8(const float* q, const float* const* k, int64_t D) {
+  __m256 a[8];
+  for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < D; i += 8) {
+    const __m256 qi = _mm256_loadu_ps(q + i);
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[j] + i), a[j]);
+  }
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// A key's or value's row (D floats) into L1 ahead of its use: the rows come from DRAM (a step's
+// weights have evicted them). With rows read in cache order (below) the prefetches gain little
+// (perf at 7K context: the loads still wait on DRAM; prefetcht0/t1/t2/nta and distances 8-64 rows
+// within 5%); at long context the kernel stays bound by DRAM latency, at ~3x the bytes' time.
 constexpr int64_t PREFETCH_ROWS = 8;
 
 inline void prefetch_row(const float* row, int64_t D) {
@@ -52,6 +118,99 @@ inline void prefetch_row(const float* row, int64_t D) {
 inline void rope(const float* x, const float* cos, const float* sin, float* out, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t i = 0; i < D; ++i) out[i] = x[i] * cos[i] + x[i < half ? i + half : i - half] * sin[i];
+}
+
+// Scores of `heads_kv` KV heads' query groups against keys rows[0..n) (each row: the task's heads
+// side by side, `span` floats), times `scale`, into scores [heads_kv * group][n].
+void scores_of(const float* q, const float* const* rows, int64_t n, int64_t heads_kv, int64_t group, int64_t D,
+               int64_t span, float scale, float* scores) {
+  for (int64_t t = 0; t < std::min(n, PREFETCH_ROWS); ++t) prefetch_row(rows[t], span);
+  int64_t t = 0;
+  if (D % 8 == 0) {
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    for (; t + 8 <= n; t += 8) {  // 8 keys at a time
+      for (int64_t kvh = 0; kvh < heads_kv; ++kvh) {
+        // Head kvh's rows of the 8 keys PREFETCH_ROWS ahead, spread between the dot products.
+        for (int j = 0; j < 8; ++j)
+          if (t + j + PREFETCH_ROWS < n) prefetch_row(rows[t + j + PREFETCH_ROWS] + kvh * D, D);
+        const float* k[8];
+        for (int j = 0; j < 8; ++j) k[j] = rows[t + j] + kvh * D;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          _mm256_storeu_ps(scores + h * n + t, _mm256_mul_ps(dot8(q + h * D, k, D), scale8));
+        }
+      }
+    }
+  }
+  for (; t < n; ++t) {
+    if (t + PREFETCH_ROWS < n) prefetch_row(rows[t + PREFETCH_ROWS], span);
+    for (int64_t h = 0; h < heads_kv * group; ++h) scores[h * n + t] = dot(q + h * D, rows[t] + (h / group) * D, D) * scale;
+  }
+}
+
+// out[g][d0 .. d0 + 16) += sum over t of p[g * n + t] * v_t[d0 ..], for G query heads of one KV
+// head: the G x 16 sums stay in registers over the keys (the compiler's loop loaded and stored
+// them for every key).
+template <int G>
+inline void pv16(const float* p, int64_t n, const float* const* rows, int64_t t0, int64_t t1, int64_t offset,
+                 float* out, int64_t D) {
+  __m256 a[G][2];
+  for (int g = 0; g < G; ++g) {
+    a[g][0] = _mm256_loadu_ps(out + g * D);
+    a[g][1] = _mm256_loadu_ps(out + g * D + 8);
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* v = rows[t] + offset;
+    const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+    for (int g = 0; g < G; ++g) {
+      const __m256 pg = _mm256_broadcast_ss(p + g * n + t);
+      a[g][0] = _mm256_fmadd_ps(pg, v0, a[g][0]);
+      a[g][1] = _mm256_fmadd_ps(pg, v1, a[g][1]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    _mm256_storeu_ps(out + g * D, a[g][0]);
+    _mm256_storeu_ps(out + g * D + 8, a[g][1]);
+  }
+}
+
+// out [heads_kv * group][D] = the probabilities p times the value rows (rows[t] + v_offset).
+// Keys in tiles that stay in L1 while every (head, 16 floats) slice of them is summed.
+void weighted_values(const float* p, const float* const* rows, int64_t n, int64_t heads_kv, int64_t group,
+                     int64_t D, int64_t span, int64_t v_offset, float* out) {
+  constexpr int64_t TILE = 32;  // 32 rows of SmolLM2's 3 heads: 24 KB
+  for (int64_t t = 0; t < std::min(n, TILE); ++t) prefetch_row(rows[t] + v_offset, span);  // the first tile
+  for (int64_t t0 = 0; t0 < n; t0 += TILE) {
+    const int64_t t1 = std::min(n, t0 + TILE), t2 = std::min(n, t1 + TILE);
+    for (int64_t kvh = 0; kvh < heads_kv; ++kvh) {
+      const int64_t h0 = kvh * group;
+      if (D % 16 != 0) {  // no 16-float slices: the plain loop
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t g = 0; g < group; ++g) {
+            const float pg = p[(h0 + g) * n + t];
+            const float* v = rows[t] + v_offset + kvh * D;
+            float* o = out + (h0 + g) * D;
+            for (int64_t d = 0; d < D; ++d) o[d] += pg * v[d];
+          }
+        continue;
+      }
+      for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        const int64_t offset = v_offset + kvh * D + d0;
+        // The next tile's line of this slice (a 16-float slice of a row is one cache line).
+        for (int64_t t = t1; t < t2; ++t) _mm_prefetch(reinterpret_cast<const char*>(rows[t] + offset), _MM_HINT_T0);
+        for (int64_t g = 0; g < group; g += 4) {
+          const float* pg = p + (h0 + g) * n;
+          float* o = out + (h0 + g) * D + d0;
+          switch (std::min<int64_t>(4, group - g)) {
+            case 4: pv16<4>(pg, n, rows, t0, t1, offset, o, D); break;
+            case 3: pv16<3>(pg, n, rows, t0, t1, offset, o, D); break;
+            case 2: pv16<2>(pg, n, rows, t0, t1, offset, o, D); break;
+            default: pv16<1>(pg, n, rows, t0, t1, offset, o, D); break;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -105,44 +264,38 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
   }
   auto out = torch::empty({B, H * D}, qkv.options());
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, B * KVH, 1, [&](int64_t begin, int64_t end) {
+  // Tasks: (sequence, a range of its KV heads). A task reads each key's rows for all of its heads
+  // together: the cache holds a token's KVH heads side by side, so a task with every head reads its
+  // blocks front to back, where one head per task read D of every KVH * D floats, which the
+  // prefetchers serve badly (SmolLM2, KVH 3: 1.7x the time for the same bytes). Heads are split over
+  // tasks only as far as idle threads need; a head's arithmetic is the same whichever task runs it.
+  const int64_t splits = std::min<int64_t>(KVH, std::max<int64_t>(1, at::get_num_threads() / std::max<int64_t>(B, 1)));
+  at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    std::vector<const float*> rows;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / KVH, kvh = task % KVH, len = lens[b];
+      const int64_t b = task / splits, split = task % splits, len = lens[b];
+      const int64_t kvh0 = split * KVH / splits, kvh1 = (split + 1) * KVH / splits;
+      const int64_t heads = (kvh1 - kvh0) * group;  // query heads of this task
       const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       const int64_t n = len - start;
-      float* og = o + (b * H + kvh * group) * D;
-      std::fill(og, og + group * D, 0.f);
+      float* ot = o + (b * H + kvh0 * group) * D;
+      std::fill(ot, ot + heads * D, 0.f);
       if (n <= 0) continue;  // NOTE: a decode always sees its own key; kept safe anyway
-      scores.assign(group * n, 0.f);
-      auto key_at = [&](int64_t t) {  // the cache row of key t of this sequence, in place
-        const int64_t block = tables[b * max_blocks + t / block_size];
-        return kv + ((block * block_size + t % block_size) * KVH + kvh) * D;
-      };
-      for (int64_t t = 0; t < PREFETCH_ROWS && t < n; ++t) prefetch_row(key_at(start + t), D);
-      for (int64_t t = 0; t < n; ++t) {
-        if (t + PREFETCH_ROWS < n) prefetch_row(key_at(start + t + PREFETCH_ROWS), D);
-        const float* k = key_at(start + t);
-        for (int64_t g = 0; g < group; ++g) scores[g * n + t] = dot(qr + (b * H + kvh * group + g) * D, k, D) * scale;
+      // Each key's cache row (its head kvh0), walked block by block: no division per key.
+      rows.resize(n);
+      const int64_t* table = tables + b * max_blocks;
+      for (int64_t t = 0, pos = start; t < n;) {
+        const int64_t offset = pos % block_size;
+        const float* row = kv + ((table[pos / block_size] * block_size + offset) * KVH + kvh0) * D;
+        for (int64_t i = offset; i < block_size && t < n; ++i, ++t, ++pos, row += KVH * D) rows[t] = row;
       }
-      for (int64_t g = 0; g < group; ++g) {  // softmax
-        float* sg = scores.data() + g * n;
-        const float mx = *std::max_element(sg, sg + n);
-        float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) sum += (sg[t] = std::exp(sg[t] - mx));
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < n; ++t) sg[t] *= inv;
-      }
-      for (int64_t t = 0; t < PREFETCH_ROWS && t < n; ++t) prefetch_row(key_at(start + t) + kv_stride, D);
-      for (int64_t t = 0; t < n; ++t) {
-        if (t + PREFETCH_ROWS < n) prefetch_row(key_at(start + t + PREFETCH_ROWS) + kv_stride, D);
-        const float* v = key_at(start + t) + kv_stride;
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * n + t];
-          float* out_g = og + g * D;
-          for (int64_t d = 0; d < D; ++d) out_g[d] += p * v[d];
-        }
-      }
+      const int64_t span = (kvh1 - kvh0) * D;  // floats of a key row this task reads
+      scores.resize(heads * n);
+      const float* qt = qr + (b * H + kvh0 * group) * D;
+      scores_of(qt, rows.data(), n, kvh1 - kvh0, group, D, span, static_cast<float>(scale), scores.data());
+      for (int64_t h = 0; h < heads; ++h) softmax(scores.data() + h * n, n);
+      weighted_values(scores.data(), rows.data(), n, kvh1 - kvh0, group, D, span, kv_stride, ot);
     }
   });
   return out;
