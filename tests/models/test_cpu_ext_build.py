@@ -65,3 +65,21 @@ def test_a_second_builder_waits_for_the_first(tmp_path: Path, monkeypatch: pytes
         time.sleep(1.5)
     waited = float(other.communicate(timeout=60)[0])
     assert waited >= 1.0
+
+
+def test_the_kernels_run_on_the_threads_torch_is_given() -> None:
+    """at::parallel_for is OpenMP in torch's CPU builds and serial in code compiled without -fopenmp:
+    every kernel ran on one thread whatever --threads said, until the build passed the flag."""
+    import torch
+
+    ext = cpu_ext.load()
+    if ext is None:
+        pytest.skip("no AVX2 CPU kernels here")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert ext.parallel_width(64) == 2  # fails on a serial build (1), whatever the machine
+        torch.set_num_threads(1)
+        assert ext.parallel_width(64) == 1
+    finally:
+        torch.set_num_threads(threads)

@@ -212,3 +212,29 @@ def test_packed_kernel_equals_the_row_layout(bits: lowbit_cpu.Bits, k: int, gate
     kwargs = {"quantize_x": bits == 4, "bias": torch.randn(n), "gated": gated}
     out = lowbit_cpu.lowbit_linear(x, torch.zeros_like(qweight), scales, bits, **kwargs, packed=packed)
     assert torch.equal(out, lowbit_cpu.lowbit_linear(x, qweight, scales, bits, **kwargs))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_the_thread_count_does_not_change_the_bits(bits: int, rows: int) -> None:
+    """Each output row is one thread's, with the same float operations whatever the split: answers do
+    not depend on --threads."""
+    if cpu_ext.load() is None:
+        pytest.skip("no AVX2 CPU kernels here")
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(512, 256, generator=gen) * 0.05
+    qweight, scales = lowbit_cpu.quantize(weight, bits)
+    packed = lowbit_cpu.pack_for_decode(qweight, scales, bits) if bits == 4 else None
+    x = torch.randn(rows, 256, generator=gen)
+    norm = torch.rand(256, generator=gen) + 0.5
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(lowbit_cpu.lowbit_linear(x, qweight, scales, bits, None, norm_weight=norm, packed=packed))
+            outs.append(lowbit_cpu.lowbit_linear(x, qweight, scales, bits, None, gated=True, packed=packed))
+    finally:
+        torch.set_num_threads(threads)
+    for i, out in enumerate(outs[2:], start=2):
+        assert torch.equal(out, outs[i % 2])
