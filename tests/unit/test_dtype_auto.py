@@ -39,7 +39,9 @@ def test_a_low_bit_file_on_a_fast_bf16_cpu_decodes_fp32_and_prefills_bf16(
     assert resolve(resolved) == resolved  # EngineCore resolves again: nothing moves
 
 
-def test_a_16_bit_file_on_a_fast_bf16_cpu_stays_bf16(fast_bf16: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_16_bit_file_on_a_fast_bf16_cpu_stays_bf16(
+    fast_bf16: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _probe(monkeypatch, None)
     resolved = resolve(EngineConfig(device="cpu", dtype="auto", weight_quant="auto"))
     assert (resolved.dtype, resolved.weight_quant, resolved.bf16_prefill) == ("bfloat16", "auto", False)
@@ -58,7 +60,9 @@ def test_explicit_flags_win(fast_bf16: None, monkeypatch: pytest.MonkeyPatch) ->
     assert (int8_prefill.dtype, int8_prefill.bf16_prefill) == ("float32", False)  # its GEMM prefills
 
 
-def test_without_fast_bf16_the_cpu_computes_fp32_without_bf16_prefill(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_fast_bf16_the_cpu_computes_fp32_without_bf16_prefill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(config_module, "cpu_has_fast_bf16", lambda: False)
     probed = _probe(monkeypatch, "int4")
     resolved = resolve(EngineConfig(device="cpu", dtype="auto", weight_quant="auto"))
@@ -74,7 +78,9 @@ def test_the_flag_and_its_checks() -> None:
     for bad in (
         EngineConfig(device="cpu", dtype="bfloat16", weight_quant="int4", bf16_prefill=True),
         EngineConfig(device="cpu", dtype="float32", weight_quant="none", bf16_prefill=True),
-        EngineConfig(device="cpu", dtype="float32", weight_quant="int4", int8_prefill=True, bf16_prefill=True),
+        EngineConfig(
+            device="cpu", dtype="float32", weight_quant="int4", int8_prefill=True, bf16_prefill=True
+        ),
     ):
         with pytest.raises(ValueError, match="--bf16-prefill needs"):
             resolve(bad)

@@ -4,7 +4,7 @@
 //
 // Why: in torch this is ~15 ops per layer (rotary's cat/mul/add, two index_copy_, the gather or
 // workspace bookkeeping, SDPA's own setup), ~0.3 ms per layer at one stream, more than the
-// layer's low-bit GEMVs. One call per layer, parallel over (sequence, KV head).
+// layer's low-bit GEMVs. One call per layer, parallel over (sequence, range of KV heads).
 //
 // Layouts: qkv [B, (H + 2 KVH) * D]; cos/sin [B, D] (sin with its first half negated, as
 // rotary.py builds it: rot(x) = x * cos + cat(x2, x1) * sin); cache [2, num_blocks, block_size,
