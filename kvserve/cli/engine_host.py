@@ -21,6 +21,7 @@ from kvserve.serving.request_recorder import PromptSource, RequestRecorder
 
 if TYPE_CHECKING:
     from kvserve.config import EngineConfig
+    from kvserve.engine.client import AsyncEngineClient
     from kvserve.engine.core import EngineCore
     from kvserve.engine.process_client import EngineLink
     from kvserve.models.loaded import TokenizerInfo
@@ -74,7 +75,10 @@ def start_engine(config: EngineConfig, separate_process: bool, num_front_ends: i
         build = functools.partial(build_warm_engine, config)
         return link_handle(ProcessEngineClient(build, answer_query, num_front_ends=num_front_ends))
     assert num_front_ends == 1, "several API front ends need the engine in its own process"
-    return _thread_handle(build_warm_engine(config))
+    from kvserve.engine.client import AsyncEngineClient
+
+    # Built on the engine thread: see kvserve/openmp.py.
+    return _thread_handle(AsyncEngineClient(build=functools.partial(build_warm_engine, config)))
 
 
 def build_warm_engine(config: EngineConfig) -> EngineCore:
@@ -87,9 +91,8 @@ def build_warm_engine(config: EngineConfig) -> EngineCore:
     return core
 
 
-def _thread_handle(core: EngineCore) -> EngineHandle:
-    from kvserve.engine.client import AsyncEngineClient
-
+def _thread_handle(client: AsyncEngineClient) -> EngineHandle:
+    core = client.core
     disk = core.disk_tier
 
     def set_turn_markers(markers: TurnMarkers) -> None:
@@ -97,7 +100,7 @@ def _thread_handle(core: EngineCore) -> EngineHandle:
             disk.turn_markers = markers
 
     return EngineHandle(
-        client=AsyncEngineClient(core),
+        client=client,
         tokenizer=core.loaded.tokenizer,
         max_model_len=core.max_model_len,
         vocab_size=core.loaded.arch.vocab_size,

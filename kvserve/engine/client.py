@@ -49,13 +49,24 @@ _Message = _Add | _Abort | _Shutdown
 
 
 class AsyncEngineClient:
-    def __init__(self, core: EngineCore):
-        self.core = core
+    def __init__(self, core: EngineCore | None = None, *, build: Callable[[], EngineCore] | None = None):
+        """Drive `core`, or the engine `build()` makes on the engine thread itself (what a server
+        does: the thread that runs the steps is then the only one with an OpenMP team, see
+        kvserve/openmp.py). `build`'s errors (SystemExit included) are raised here."""
+        assert (core is None) != (build is None), "give core or build"
         self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._streams: dict[str, _Add] = {}  # touched by the engine thread only
         self._dead: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
+        if core is not None:
+            self.core = core
+        self._thread = threading.Thread(target=self._run, args=(build,), name="kvserve-engine", daemon=True)
         self._thread.start()
+        if build is not None:
+            self._built.wait()
+            if self._build_error is not None:
+                raise self._build_error
 
     async def generate(
         self,
@@ -98,7 +109,15 @@ class AsyncEngineClient:
 
     # -- engine thread -------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], EngineCore] | None) -> None:
+        if build is not None:
+            try:
+                self.core = build()
+            except BaseException as error:  # noqa: BLE001 - raised again on the caller's thread
+                self._build_error = error
+                return
+            finally:
+                self._built.set()
         try:
             while self._handle_inbox(block=not self.core.has_unfinished_requests()):
                 if self.core.has_unfinished_requests():

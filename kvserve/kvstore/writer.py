@@ -85,6 +85,9 @@ class CheckpointWriter:
         self._thread.join()
 
     def _run(self) -> None:
+        from kvserve.openmp import confine_to_one_thread
+
+        confine_to_one_thread()  # its tensor copies must not give it an OpenMP team (kvserve/openmp.py)
         while True:
             job = self._queue.get()
             try:

@@ -80,3 +80,31 @@ async def test_queued_outputs_reach_a_late_consumer_as_one() -> None:
     queue.put_nowait(ValueError("bad"))
     with pytest.raises(ValueError):
         merge_queued(await queue.get(), queue)
+
+
+async def test_a_built_engine_is_built_on_the_thread_that_runs_it(tiny_llama_dir: Path) -> None:
+    """`AsyncEngineClient(build=...)` (what `kvserve serve` uses): the model loads on the engine
+    thread, so that thread is the only one with an OpenMP team (kvserve/openmp.py)."""
+    import threading
+
+    built_on: list[str] = []
+
+    def build():
+        built_on.append(threading.current_thread().name)
+        return make_engine(tiny_llama_dir)
+
+    client = AsyncEngineClient(build=build)
+    try:
+        assert built_on == ["kvserve-engine"]
+        outputs = await _collect(client, "b", [1, 2, 3, 4], SamplingParams(temperature=0.0, max_tokens=3))
+        assert sum(len(o.new_token_ids) for o in outputs) == 3
+    finally:
+        client.shutdown()
+
+
+def test_a_failed_build_raises_on_the_callers_thread() -> None:
+    def build():
+        raise SystemExit("kvserve: no such model")  # build_engine's one-line errors
+
+    with pytest.raises(SystemExit, match="no such model"):
+        AsyncEngineClient(build=build)

@@ -83,3 +83,35 @@ def test_the_kernels_run_on_the_threads_torch_is_given() -> None:
         assert ext.parallel_width(64) == 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_confined_thread_runs_its_parallel_regions_alone() -> None:
+    """kvserve/openmp.py: a helper thread (the disk tier's writer) gets no OpenMP team of its own,
+    while the other threads keep theirs."""
+    import threading
+
+    import torch
+
+    from kvserve.openmp import confine_to_one_thread
+
+    ext = cpu_ext.load()
+    if ext is None:
+        pytest.skip("no AVX2 CPU kernels here")
+    threads = torch.get_num_threads()
+    widths: list[int] = []
+
+    def helper() -> None:
+        ext.parallel_width(1)  # the extension's own per-thread OpenMP set-up, which runs once
+        assert confine_to_one_thread()
+        widths.append(torch.get_num_threads())  # what torch's own ops get on this thread
+        widths.append(ext.parallel_width(64))
+
+    try:
+        torch.set_num_threads(2)
+        worker = threading.Thread(target=helper)
+        worker.start()
+        worker.join()
+        assert widths == [1, 1]
+        assert ext.parallel_width(64) == 2 and torch.get_num_threads() == 2  # this thread is not confined
+    finally:
+        torch.set_num_threads(threads)
