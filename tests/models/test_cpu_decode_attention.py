@@ -21,12 +21,15 @@ pytestmark = pytest.mark.skipif(cpu_ext.load() is None, reason="no AVX2 CPU kern
 
 
 def _decode_batch(
-    seq_lens: list[int], num_kv_heads: int = NUM_KV_HEADS, head_dim: int = HEAD_DIM
+    seq_lens: list[int],
+    num_kv_heads: int = NUM_KV_HEADS,
+    head_dim: int = HEAD_DIM,
+    num_blocks: int = NUM_BLOCKS,
 ) -> tuple[torch.Tensor, AttentionMetadata]:
     """A random cache (garbage in unwritten slots) and the metadata of one decode per sequence."""
     gen = torch.Generator().manual_seed(0)
-    cache = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, head_dim, generator=gen)
-    free = list(range(NUM_BLOCKS))
+    cache = torch.randn(2, num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, generator=gen)
+    free = list(range(num_blocks))
     random.Random(0).shuffle(free)  # scattered blocks: the kernel must follow the block table
     tables = [[free.pop() for _ in range(-(-n // BLOCK_SIZE))] for n in seq_lens]
     width = max(map(len, tables))
@@ -44,12 +47,15 @@ def _decode_batch(
     return cache, metadata
 
 
-@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("window", [None, 5, 700])
 @pytest.mark.parametrize(
-    "seq_lens", [[1], [29], [29, 6, 17, 1], [101]], ids=["first", "one", "ragged", "tiles"]
+    "seq_lens",
+    [[1], [29], [29, 6, 17, 1], [101], [1300], [1300, 37, 700]],
+    ids=["first", "one", "ragged", "tiles", "chunks", "chunks-ragged"],
 )
 def test_matches_the_torch_path(seq_lens: list[int], window: int | None) -> None:
-    cache, metadata = _decode_batch(seq_lens)
+    """Long sequences run as chunks of 512 keys whose partial results are merged."""
+    cache, metadata = _decode_batch(seq_lens, num_blocks=640)
     qkv = torch.randn(len(seq_lens), (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM)
     cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)
     scale = HEAD_DIM**-0.5
@@ -119,11 +125,11 @@ def test_declines_what_it_does_not_cover() -> None:
     assert cpu_decode.attend_qkv(qkv, cos, sin, cache, metadata, *args) is None
 
 
-@pytest.mark.parametrize("seq_lens", [[101], [101, 37, 8]], ids=["one", "three"])
+@pytest.mark.parametrize("seq_lens", [[101], [1300], [1300, 37, 8]], ids=["one", "chunks", "three"])
 def test_the_thread_count_does_not_change_the_bits(seq_lens: list[int]) -> None:
-    """With fewer sequences than threads, a sequence's KV heads are split over tasks; each head's
-    arithmetic must not depend on that split (answers must not depend on --threads or the batch)."""
-    cache, metadata = _decode_batch(seq_lens, num_kv_heads=3)
+    """A long sequence's chunks run on several threads; its arithmetic must not depend on how many
+    (answers must not depend on --threads or on the batch)."""
+    cache, metadata = _decode_batch(seq_lens, num_kv_heads=3, num_blocks=640)
     heads, kv_heads = 9, 3
     qkv = torch.randn(len(seq_lens), (heads + 2 * kv_heads) * HEAD_DIM)
     cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)

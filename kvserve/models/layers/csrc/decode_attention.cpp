@@ -4,7 +4,7 @@
 //
 // Why: in torch this is ~15 ops per layer (rotary's cat/mul/add, two index_copy_, the gather or
 // workspace bookkeeping, SDPA's own setup), ~0.3 ms per layer at one stream, more than the
-// layer's low-bit GEMVs. One call per layer, parallel over (sequence, range of KV heads).
+// layer's low-bit GEMVs. One call per layer, parallel over (sequence, chunk of keys).
 //
 // Layouts: qkv [B, (H + 2 KVH) * D]; cos/sin [B, D] (sin with its first half negated, as
 // rotary.py builds it: rot(x) = x * cos + cat(x2, x1) * sin); cache [2, num_blocks, block_size,
@@ -64,8 +64,9 @@ inline __m256 exp_neg(__m256 x) {
 // The same for one float (a row's tail), lane 0 of the vector version: the same bits.
 inline float exp_neg(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp_neg(_mm256_set1_ps(x)))); }
 
-// softmax over n scores in place.
-inline void softmax(float* s, int64_t n) {
+// exp(s[t] - max) in place over n scores; returns their sum and sets *max_out (the softmax without
+// its division: a chunk's sums are merged with the other chunks' first).
+inline float exponentiate(float* s, int64_t n, float* max_out) {
   int64_t t = 0;
   __m256 mx8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (; t + 8 <= n; t += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(s + t));
@@ -85,9 +86,8 @@ inline void softmax(float* s, int64_t n) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(sum8), _mm256_extractf128_ps(sum8, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
   x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  const __m256 inv = _mm256_set1_ps(1.f / (_mm_cvtss_f32(x) + tail));
-  for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inv));
-  for (; t < n; ++t) s[t] *= _mm_cvtss_f32(_mm256_castps256_ps128(inv));
+  *max_out = mx;
+  return _mm_cvtss_f32(x) + tail;
 }
 
 // The 8 dot products q . k[j] (D floats each, D a multiple of 8), as one vector. Why: one dot
@@ -264,39 +264,79 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
   }
   auto out = torch::empty({B, H * D}, qkv.options());
   float* o = out.data_ptr<float>();
-  // Tasks: (sequence, a range of its KV heads). A task reads each key's rows for all of its heads
-  // together: the cache holds a token's KVH heads side by side, so a task with every head reads its
-  // blocks front to back, where one head per task read D of every KVH * D floats, which the
-  // prefetchers serve badly (SmolLM2, KVH 3: 1.7x the time for the same bytes). Heads are split over
-  // tasks only as far as idle threads need; a head's arithmetic is the same whichever task runs it.
-  const int64_t splits = std::min<int64_t>(KVH, std::max<int64_t>(1, at::get_num_threads() / std::max<int64_t>(B, 1)));
-  at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+  // Tasks: (sequence, chunk of CHUNK keys), each over all of the sequence's heads. A task reads a
+  // key's rows for every KV head together: the cache holds a token's KVH heads side by side, so it
+  // reads its blocks front to back (one head per task read D of every KVH * D floats, which the
+  // prefetchers serve badly: SmolLM2, KVH 3, took 1.7x the time for the same bytes). Chunks let one
+  // long sequence use every thread (split by KV heads, SmolLM2's 3 kept 2 threads at 1:2). A chunk's
+  // unnormalized output, maximum and sum are merged in chunk order below; the chunks depend on the
+  // sequence's length only, so its arithmetic is the same whatever the threads or the batch.
+  constexpr int64_t CHUNK = 512;
+  std::vector<int64_t> first(B + 1, 0);  // first task of each sequence
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = lens[b], start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    first[b + 1] = first[b] + std::max<int64_t>(1, (len - start + CHUNK - 1) / CHUNK);
+  }
+  const int64_t tasks = first[B];
+  // Chunked sequences' partial results: [task][H][D] outputs, [task][H] maxima and sums.
+  std::vector<float> part_out, part_max, part_sum;
+  if (tasks > B) {
+    part_out.resize(tasks * H * D);
+    part_max.resize(tasks * H);
+    part_sum.resize(tasks * H);
+  }
+  const int64_t span = KVH * D;  // floats of a key's cache row (all heads)
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, maxima(H), sums(H);
     std::vector<const float*> rows;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / splits, split = task % splits, len = lens[b];
-      const int64_t kvh0 = split * KVH / splits, kvh1 = (split + 1) * KVH / splits;
-      const int64_t heads = (kvh1 - kvh0) * group;  // query heads of this task
+      const int64_t b = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
+      const int64_t chunk = task - first[b], chunks = first[b + 1] - first[b], len = lens[b];
       const int64_t start = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t n = len - start;
-      float* ot = o + (b * H + kvh0 * group) * D;
-      std::fill(ot, ot + heads * D, 0.f);
+      const int64_t k0 = start + chunk * CHUNK, n = std::min(len, k0 + CHUNK) - k0;  // this chunk's keys
+      float* ot = chunks == 1 ? o + b * H * D : part_out.data() + task * H * D;
+      std::fill(ot, ot + H * D, 0.f);
       if (n <= 0) continue;  // NOTE: a decode always sees its own key; kept safe anyway
-      // Each key's cache row (its head kvh0), walked block by block: no division per key.
+      // Each key's cache row, walked block by block: no division per key.
       rows.resize(n);
       const int64_t* table = tables + b * max_blocks;
-      for (int64_t t = 0, pos = start; t < n;) {
+      for (int64_t t = 0, pos = k0; t < n;) {
         const int64_t offset = pos % block_size;
-        const float* row = kv + ((table[pos / block_size] * block_size + offset) * KVH + kvh0) * D;
+        const float* row = kv + (table[pos / block_size] * block_size + offset) * KVH * D;
         for (int64_t i = offset; i < block_size && t < n; ++i, ++t, ++pos, row += KVH * D) rows[t] = row;
       }
-      const int64_t span = (kvh1 - kvh0) * D;  // floats of a key row this task reads
-      scores.resize(heads * n);
-      const float* qt = qr + (b * H + kvh0 * group) * D;
-      scores_of(qt, rows.data(), n, kvh1 - kvh0, group, D, span, static_cast<float>(scale), scores.data());
-      for (int64_t h = 0; h < heads; ++h) softmax(scores.data() + h * n, n);
-      weighted_values(scores.data(), rows.data(), n, kvh1 - kvh0, group, D, span, kv_stride, ot);
+      scores.resize(H * n);
+      scores_of(qr + b * H * D, rows.data(), n, KVH, group, D, span, static_cast<float>(scale), scores.data());
+      for (int64_t h = 0; h < H; ++h) sums[h] = exponentiate(scores.data() + h * n, n, &maxima[h]);
+      weighted_values(scores.data(), rows.data(), n, KVH, group, D, span, kv_stride, ot);
+      if (chunks == 1) {
+        for (int64_t h = 0; h < H; ++h) {
+          const float inv = 1.f / sums[h];
+          for (int64_t d = 0; d < D; ++d) ot[h * D + d] *= inv;
+        }
+      } else {
+        std::copy(maxima.begin(), maxima.end(), part_max.begin() + task * H);
+        std::copy(sums.begin(), sums.end(), part_sum.begin() + task * H);
+      }
     }
   });
+  for (int64_t b = 0; b < B; ++b) {  // merge the chunks of the chunked sequences, in order
+    const int64_t t0 = first[b], t1 = first[b + 1];
+    if (t1 - t0 == 1) continue;
+    for (int64_t h = 0; h < H; ++h) {
+      float mx = -std::numeric_limits<float>::infinity(), total = 0.f;
+      for (int64_t t = t0; t < t1; ++t) mx = std::max(mx, part_max[t * H + h]);
+      float* oh = o + (b * H + h) * D;
+      std::fill(oh, oh + D, 0.f);
+      for (int64_t t = t0; t < t1; ++t) {
+        const float w = exp_neg(part_max[t * H + h] - mx);
+        total += w * part_sum[t * H + h];
+        const float* ph = part_out.data() + (t * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) oh[d] += w * ph[d];
+      }
+      const float inv = 1.f / total;
+      for (int64_t d = 0; d < D; ++d) oh[d] *= inv;
+    }
+  }
   return out;
 }
