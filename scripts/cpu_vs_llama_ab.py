@@ -6,10 +6,10 @@ prefill, the two engines taking turns every round so both see the same machine l
 `kvserve bench engine` runs all of kvserve's figures and then all of llama.cpp's, minutes apart; on
 the shared 2-core VMs here the load changes in between (the two runs of 2026-12-04 17:00-17:13 gave
 0.63x and 1.16x for the same code). Same GGUF (SmolLM2 Q4_1) for both. kvserve runs each
-`--config DTYPE:QUANT[:int8-prefill]` (default: the CLI's defaults, `auto:auto`, which is bf16 on
-CPUs with AVX512-BF16/AMX and fp32 elsewhere, and int4 for this Q4 file), e.g.
+`--config DTYPE:QUANT[:int8-prefill|bf16-prefill]` (default: the CLI's defaults, `auto:auto`: int4
+for this Q4 file, in fp32, with bf16 prefill weights on CPUs with AVX512-BF16/AMX), e.g.
 
-    .venv/bin/python scripts/cpu_vs_llama_ab.py --config auto:auto float32:int4 float32:int4:int8-prefill
+    .venv/bin/python scripts/cpu_vs_llama_ab.py --config auto:auto bfloat16:int4 float32:int4:int8-prefill
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ VOCAB = 49152
 
 
 def kvserve_engine(spec: str) -> EngineCore:
-    """`DTYPE:QUANT[:int8-prefill]`, as --dtype, --weight-quant and --int8-prefill take them."""
+    """`DTYPE:QUANT[:int8-prefill|bf16-prefill]`, as --dtype, --weight-quant and the prefill flags take them."""
     dtype, quant, *rest = spec.split(":")
     config = EngineConfig(
         model="smollm2", device="cpu", dtype=dtype, weight_quant=quant, max_model_len=4096,
@@ -58,7 +58,9 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=32, help="per engine per round")
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1, help="for both engines")
-    parser.add_argument("--config", nargs="+", default=["auto:auto"], help="DTYPE:QUANT[:int8-prefill]")
+    parser.add_argument(
+        "--config", nargs="+", default=["auto:auto"], help="DTYPE:QUANT[:int8-prefill|bf16-prefill]"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from llama_cpp import Llama

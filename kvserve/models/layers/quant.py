@@ -97,7 +97,7 @@ class WeightOnlyLinear(nn.Module):
                     return out
             if self.weight.dtype != x.dtype:  # bf16_prefill
                 return F.linear(x.to(self.weight.dtype), self.weight, self.dense_bias).to(x.dtype)
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.dense_bias)
         if self.bits is not None:
             return lowbit_cpu.lowbit_linear(
                 x, self.qweight, self.scales, self.bits, self.bias,

@@ -11,6 +11,7 @@
 // KVH, D]; slot_mapping [B]; block_tables [B, max_blocks]; seq_lens [B] (keys after this token);
 // q_norm / k_norm [D] or None: the RMSNorm scales (Gemma's 1 + w already added by the caller).
 #include "cpu_kernels.h"
+#include "hreduce.h"
 #include "rms_norm.h"
 
 #include <ATen/Parallel.h>
@@ -32,17 +33,13 @@ inline float dot(const float* a, const float* b, int64_t n) {
     acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
   }
   for (; i < n; ++i) tail += a[i] * b[i];
-  __m256 v = _mm256_add_ps(acc0, acc1);
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x) + tail;
+  return hsum(_mm256_add_ps(acc0, acc1)) + tail;
 }
 
 // exp(x) for x <= 0 (scores minus their maximum), 8 at a time: x = n ln2 + r with |r| <= ln2 / 2,
 // exp(r) by Cephes' degree-6 expf polynomial (about 1 ulp), 2^n through the exponent bits. Why: a
-// scalar std::exp per score was the largest part of long-context decode (SmolLM2 at 7K context
-// takes 1.9M of them per step). Clamped at -87 so that 2^n stays a normal float (exp(-87) ~ 1.6e-38;
+// scalar std::exp per score (SmolLM2 at 7K context takes 1.9M per step) was ~4% of such a step,
+// measured when this replaced it; the keys' DRAM reads are most of the rest. Clamped at -87 so that 2^n stays a normal float (exp(-87) ~ 1.6e-38;
 // a probability that small adds nothing to a sum that holds a 1).
 inline __m256 exp_neg(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
@@ -70,9 +67,7 @@ inline float exponentiate(float* s, int64_t n, float* max_out) {
   int64_t t = 0;
   __m256 mx8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (; t + 8 <= n; t += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(s + t));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx8), _mm256_extractf128_ps(mx8, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  float mx = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_movehdup_ps(m4)));
+  float mx = hmax(mx8);
   for (; t < n; ++t) mx = std::max(mx, s[t]);
   const __m256 m = _mm256_set1_ps(mx);
   __m256 sum8 = _mm256_setzero_ps();
@@ -83,11 +78,8 @@ inline float exponentiate(float* s, int64_t n, float* max_out) {
     sum8 = _mm256_add_ps(sum8, e);
   }
   for (; t < n; ++t) tail += (s[t] = exp_neg(s[t] - mx));
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(sum8), _mm256_extractf128_ps(sum8, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
   *max_out = mx;
-  return _mm_cvtss_f32(x) + tail;
+  return hsum(sum8) + tail;
 }
 
 // The 8 dot products q . k[j] (D floats each, D a multiple of 8), as one vector. Why: one dot
@@ -121,9 +113,10 @@ inline void rope(const float* x, const float* cos, const float* sin, float* out,
 }
 
 // Scores of `heads_kv` KV heads' query groups against keys rows[0..n) (each row: the task's heads
-// side by side, `span` floats), times `scale`, into scores [heads_kv * group][n].
+// side by side, heads_kv * D floats), times `scale`, into scores [heads_kv * group][n].
 void scores_of(const float* q, const float* const* rows, int64_t n, int64_t heads_kv, int64_t group, int64_t D,
-               int64_t span, float scale, float* scores) {
+               float scale, float* scores) {
+  const int64_t span = heads_kv * D;
   for (int64_t t = 0; t < std::min(n, PREFETCH_ROWS); ++t) prefetch_row(rows[t], span);
   int64_t t = 0;
   if (D % 8 == 0) {
@@ -177,7 +170,8 @@ inline void pv16(const float* p, int64_t n, const float* const* rows, int64_t t0
 // out [heads_kv * group][D] = the probabilities p times the value rows (rows[t] + v_offset).
 // Keys in tiles that stay in L1 while every (head, 16 floats) slice of them is summed.
 void weighted_values(const float* p, const float* const* rows, int64_t n, int64_t heads_kv, int64_t group,
-                     int64_t D, int64_t span, int64_t v_offset, float* out) {
+                     int64_t D, int64_t v_offset, float* out) {
+  const int64_t span = heads_kv * D;
   constexpr int64_t TILE = 32;  // 32 rows of SmolLM2's 3 heads: 24 KB
   for (int64_t t = 0; t < std::min(n, TILE); ++t) prefetch_row(rows[t] + v_offset, span);  // the first tile
   for (int64_t t0 = 0; t0 < n; t0 += TILE) {
@@ -285,7 +279,6 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
     part_max.resize(tasks * H);
     part_sum.resize(tasks * H);
   }
-  const int64_t span = KVH * D;  // floats of a key's cache row (all heads)
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, maxima(H), sums(H);
     std::vector<const float*> rows;
@@ -306,9 +299,9 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
         for (int64_t i = offset; i < block_size && t < n; ++i, ++t, ++pos, row += KVH * D) rows[t] = row;
       }
       scores.resize(H * n);
-      scores_of(qr + b * H * D, rows.data(), n, KVH, group, D, span, static_cast<float>(scale), scores.data());
+      scores_of(qr + b * H * D, rows.data(), n, KVH, group, D, static_cast<float>(scale), scores.data());
       for (int64_t h = 0; h < H; ++h) sums[h] = exponentiate(scores.data() + h * n, n, &maxima[h]);
-      weighted_values(scores.data(), rows.data(), n, KVH, group, D, span, kv_stride, ot);
+      weighted_values(scores.data(), rows.data(), n, KVH, group, D, kv_stride, ot);
       if (chunks == 1) {
         for (int64_t h = 0; h < H; ++h) {
           const float inv = 1.f / sums[h];

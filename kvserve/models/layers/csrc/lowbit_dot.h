@@ -3,6 +3,7 @@
 // Formats: see lowbit_linear.cpp.
 #pragma once
 
+#include "hreduce.h"
 #include "rms_norm.h"
 
 #include <ATen/ATen.h>
@@ -22,13 +23,6 @@ struct QuantRows {  // activation rows quantized per group of 32
   std::vector<float> d;    // [M, G] scale
   std::vector<float> s;    // [M, G] d * sum(q): the group sum, for int4's min term
 };
-
-inline float hsum(__m256 v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
 
 inline float fp16(const at::Half* p) { return _cvtsh_ss(reinterpret_cast<const uint16_t&>(*p)); }
 

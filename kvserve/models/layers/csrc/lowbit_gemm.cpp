@@ -1,5 +1,6 @@
 // The op around lowbit_gemm.h's tile: activation rounding, blocking, threads, bias and N tails.
 #include "cpu_kernels.h"
+#include "hreduce.h"
 #include "lowbit_gemm.h"
 
 #include <ATen/Parallel.h>
@@ -23,10 +24,7 @@ void quantize_groups(const float* x, int64_t M, int64_t K, int8_t* q, float* d, 
       const float* xg = x + i * 32;
       __m256 v[4], amax = _mm256_setzero_ps();
       for (int j = 0; j < 4; ++j) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j] = _mm256_loadu_ps(xg + 8 * j)));
-      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-      const float dg = _mm_cvtss_f32(m4) / 127.f;
+      const float dg = hmax(amax) / 127.f;
       const __m256 id = _mm256_set1_ps(dg > 0.f ? 1.f / dg : 0.f);
       __m256i qi[4];
       for (int j = 0; j < 4; ++j) qi[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
