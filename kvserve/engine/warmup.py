@@ -29,6 +29,27 @@ logger = logging.getLogger(__name__)
 WAVES = ((17,), (512, 300, 64, 1031), (512, 512, 33))
 
 
+def compile_attention_variants(core: EngineCore) -> None:
+    """The Triton decode kernel at every split count, once per distinct attention layer: an eager
+    step (one that mixes prompts with decodes) picks its split count from its batch size and longest
+    sequence, so the batches above reach only a few of them (H200, issue 21: three compiles of
+    290-560 ms in the first 16-, 64- and 256-stream bursts)."""
+    model = getattr(core.runner, "model", None)  # a tensor-parallel driver: its ranks warm themselves
+    if model is None:
+        return
+    from kvserve.models.layers.attention.triton_decode import compile_split_variants
+
+    done = set()
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        cache = attn.kv_cache
+        key = (attn.num_heads, attn.scale, attn.sliding_window, None if cache is None else tuple(cache.shape))
+        if attn.backend.name != "triton" or cache is None or key in done:
+            continue
+        done.add(key)
+        compile_split_variants(cache, attn.num_heads, scale=attn.scale, window=attn.sliding_window)
+
+
 def warm_up(core: EngineCore, force: bool = False) -> None:
     """On CUDA (or with `force`): run WAVES through the engine; a no-op elsewhere."""
     if not (force or str(core.config.device).startswith("cuda")):
@@ -51,6 +72,7 @@ def warm_up(core: EngineCore, force: bool = False) -> None:
         core.disk_tier = disk
         core.kv_manager.pool.reset_prefix_cache()
         core.kv_manager.stats = type(core.kv_manager.stats)()  # the hit rate counts clients only
+    compile_attention_variants(core)
     logger.info("warm-up: %d batches in %.1f s", len(WAVES), time.monotonic() - started)
     # From here on a compile is one a request waits for: name each (compile_watch.py).
     watch_compiles()

@@ -65,3 +65,39 @@ def test_negative_slot_writes_nothing() -> None:
     changed = (cache != before).view(2, 16, -1).any(-1)  # [K/V, slot]
     assert changed.nonzero().tolist() == [[0, 5], [1, 5]]
     torch.testing.assert_close(cache[1].reshape(16, 2, 16)[5], k[1] + 1)
+
+
+def test_split_variants_cover_every_choice_and_leave_the_cache_alone() -> None:
+    """engine/warmup.py compiles the decode kernel at each of SPLIT_CHOICES: every count the eager
+    path can pick must be one of them, and the warm-up's launches only read the cache."""
+    from kvserve.models.layers.attention.triton_decode import (
+        SPLIT_CHOICES,
+        choose_num_splits,
+        compile_split_variants,
+    )
+
+    picked = {
+        choose_num_splits(seqs, kv_heads, max_len, sms)
+        for seqs in (1, 2, 3, 16, 64, 256)
+        for kv_heads in (1, 2, 8)
+        for max_len in (None, 1, 100, 513, 8192)
+        for sms in (4, 132)
+    }
+    assert picked <= set(SPLIT_CHOICES) and len(picked) > 1
+    cache = torch.randn(2, 3, 16, 2, 64, device=DEVICE)
+    before = cache.clone()
+    compile_split_variants(cache, 6, scale=0.125, window=None)
+    assert torch.equal(cache, before)
+
+
+def test_kernels_are_not_specialized_on_the_block_table_width() -> None:
+    """An eager step's block-table width is its longest sequence's block count; a specialization on
+    it (== 1, divisible by 16) was a compile inside a request on the H200."""
+    from kvserve.models.layers.attention.triton_decode import _decode_split_kernel
+    from kvserve.models.layers.attention.triton_prefill import _prefill_kernel
+
+    for kernel in (_decode_split_kernel, _prefill_kernel):
+        # A JITFunction keeps them as argument indices; the interpreter's wrapper, its jit kwargs.
+        listed = getattr(kernel, "do_not_specialize", None) or kernel.kwargs["do_not_specialize"]
+        names = {kernel.arg_names[i] if isinstance(i, int) else i for i in listed}
+        assert {"stride_bt", "window"} <= names

@@ -24,7 +24,11 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-@triton.jit
+# NOTE: Triton compiles one variant per specialization of its integer arguments (== 1, divisible by
+# 16); an eager step's block-table width is its longest sequence's block count, so without this
+# each new width class compiled the kernel again inside a request (H200, issue 21: 290-560 ms each,
+# seen by engine/compile_watch.py after the warm-up). The stride is an address offset: nothing to gain.
+@triton.jit(do_not_specialize=["window", "stride_bt"])
 def _decode_split_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim]
     cache_ptr,  # [2, num_blocks, page, num_kv_heads, head_dim]; V starts at v_offset
@@ -144,6 +148,27 @@ def _decode_reduce_kernel(
     )
     out = tl.sum(o * weight[:, None], 0) / tl.sum(weight, 0)
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+# Every value choose_num_splits can return: NUM_SPLITS is a compile-time constant, so each is a
+# kernel variant of its own (compile_split_variants).
+SPLIT_CHOICES = (1, 2, 4, 8, 16)
+
+
+def compile_split_variants(cache: torch.Tensor, num_heads: int, *, scale: float, window: int | None) -> None:
+    """Run the decode kernels once per split count, over one one-token sequence in block 0 (the
+    cache is only read), so that no eager step compiles one inside a request: the warm-up's batches
+    reach only the split counts of their own sizes (engine/warmup.py)."""
+    _, _, _, num_kv_heads, head_dim = cache.shape
+    # q as the model hands it over: the query heads of a fused qkv row (its strides, hence its variant).
+    qkv = torch.zeros(1, num_heads + 2 * num_kv_heads, head_dim, dtype=cache.dtype, device=cache.device)
+    q = qkv[:, :num_heads]
+    tables = torch.zeros(1, 1, dtype=torch.int64, device=cache.device)
+    seq_lens = torch.ones(1, dtype=torch.int64, device=cache.device)
+    for num_splits in SPLIT_CHOICES:
+        decode_attention(
+            q, cache, tables, seq_lens, torch.empty_like(q), scale=scale, window=window, num_splits=num_splits
+        )
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int | None, num_sms: int) -> int:

@@ -70,7 +70,9 @@ def _attend_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit
+# NOTE: not specialized on the block-table width (triton_decode.py's kernel says why): a prompt of
+# one block (width 1) compiled its own variant inside a request (H200, issue 21: 1.06 s).
+@triton.jit(do_not_specialize=["window", "stride_bt"])
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     cache_ptr,  # [2, num_blocks, page, num_kv_heads, head_dim]; V starts at v_offset
