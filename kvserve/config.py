@@ -26,6 +26,11 @@ class CacheConfig:
     # CUDA: what gpu_memory_utilization leaves after weights, activations and CUDA graphs).
     kv_cache_memory_mb: int = 0
     gpu_memory_utilization: float = 0.9  # share of the GPU's memory this engine may use
+    # The KV's dtype, in the RAM/VRAM pool and on disk (--kv-cache-dtype). "auto" (resolve()): float16
+    # for a float32 engine on CPU, as llama.cpp's default KV: a long-context decode step is mostly
+    # the attention's KV reads, and fp16 halves them (the C++ decode attention widens with F16C);
+    # the disk tier stores and reloads the same bytes. Else the engine's own dtype.
+    kv_dtype: DTypeName = "auto"
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,6 @@ class KVStoreConfig:
     continued_interval_tokens: int = 10000  # rounded up to align_tokens: frontiers every 10,240 tokens
     align_tokens: int = 2048  # cold checkpoints without a chat boundary are cut to a multiple of this
     max_pending_saves: int = 4  # checkpoints copied out and waiting for the writer thread
-    # KV dtype on disk: "auto" = float16 when the engine computes in float32 (half the bytes to write
-    # and to read back after a restart; llama.cpp's default KV type), else the engine's own dtype.
-    dtype: str = "auto"
     # At start-up, read the most recently used checkpoints into the RAM pool (up to this fraction of
     # it) as free cached blocks, so a restart's first request finds its prefix in RAM instead of
     # reading it from disk on its critical path. 0 turns it off.
@@ -105,10 +107,19 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        import torch  # here, not at module level: the CLI builds its parsers from this module
-
         assert self.dtype != "auto", "call resolve() first"
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+        return _torch_dtype(self.dtype)
+
+    @property
+    def torch_kv_dtype(self) -> torch.dtype:
+        assert self.cache.kv_dtype != "auto", "call resolve() first"
+        return _torch_dtype(self.cache.kv_dtype)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch  # here, not at module level: the CLI builds its parsers from this module
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -188,11 +199,31 @@ def resolve(config: EngineConfig) -> EngineConfig:
         raise ValueError("--weight-quant does not combine with --tensor-parallel-size > 1")
     if not 0.0 < config.cache.gpu_memory_utilization <= 1.0:
         raise ValueError("--gpu-memory-utilization must be in (0, 1]")
-    config = dataclasses.replace(config, scheduler=_scheduler_defaults(config.scheduler, device))
+    config = dataclasses.replace(
+        config,
+        scheduler=_scheduler_defaults(config.scheduler, device),
+        cache=dataclasses.replace(config.cache, kv_dtype=_kv_dtype(config.cache.kv_dtype, dtype, device)),
+    )
     if config.scheduler.max_num_batched_tokens < config.scheduler.max_num_seqs:
         # Otherwise the last running sequences would get no decode slot in a step.
         raise ValueError("--max-num-batched-tokens must be >= --max-num-seqs")
     return dataclasses.replace(config, device=device, dtype=dtype)
+
+
+def _kv_dtype(requested: str, dtype: str, device: str) -> str:
+    """The KV pool's dtype: the engine's own, or float16 under a float32 engine on CPU (where the
+    attention paths widen it: csrc/decode_attention.cpp, attention/torch_ref.py)."""
+    on_cpu = device == "cpu"
+    if requested == "auto":
+        return "float16" if on_cpu and dtype == "float32" else dtype
+    if requested not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"unknown --kv-cache-dtype {requested!r} (auto, float32, float16 or bfloat16)")
+    if requested != dtype and not (on_cpu and dtype == "float32" and requested == "float16"):
+        raise ValueError(
+            f"--kv-cache-dtype {requested} does not combine with --dtype {dtype} on {device}: the KV "
+            "is the engine's own dtype, or float16 under a float32 engine on CPU"
+        )
+    return requested
 
 
 def _probe_file_weight_quant(model: str) -> str | None:

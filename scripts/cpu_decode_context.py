@@ -1,7 +1,7 @@
 """ms per single-stream decode step of an fp32 CPU engine at given context lengths, in one process.
 
     PYTHONPATH=. .venv/bin/python scripts/cpu_decode_context.py --model gemma3-270m --weight-quant int4 \
-        --contexts 2048,12288 [--breakdown]
+        --contexts 2048,12288 [--breakdown] [--kv-dtype float32]
 
 For each context: a fresh request with a prompt of that many tokens is prefilled, then timed over
 `--rounds` rounds of `--steps` decode steps (median and min per step). `--breakdown` also times the
@@ -24,7 +24,7 @@ import torch
 
 from kvserve.bench.engine_bench import make_prompt
 from kvserve.cli.engine_args import build_engine
-from kvserve.config import EngineConfig
+from kvserve.config import CacheConfig, EngineConfig
 from kvserve.engine.sampling_params import SamplingParams
 
 TIMED: dict[str, float] = collections.defaultdict(float)
@@ -66,12 +66,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--kv-dtype", default="auto", choices=("auto", "float32", "float16"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     contexts = [int(c) for c in args.contexts.split(",")]
     config = EngineConfig(
         model=args.model, device="cpu", dtype="float32", weight_quant=args.weight_quant,
-        max_model_len=max(contexts) + 4096,
+        max_model_len=max(contexts) + 4096, cache=CacheConfig(kv_dtype=args.kv_dtype),
     )  # fmt: skip
     engine = build_engine(config, progress=False)
     vocab_size = engine.loaded.arch.vocab_size
@@ -93,7 +94,7 @@ def main() -> None:
                 engine.step()
             rounds.append((time.perf_counter() - begin) / args.steps * 1e3)
         print(
-            f"{args.model} fp32 --weight-quant {args.weight_quant}, context {ctx}: "
+            f"{args.model} fp32 --weight-quant {args.weight_quant} KV {engine.config.cache.kv_dtype}, context {ctx}: "
             f"median {statistics.median(rounds):.1f} ms per step, min {min(rounds):.1f} ms"
         )
         steps = args.rounds * args.steps

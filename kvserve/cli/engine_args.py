@@ -20,7 +20,6 @@ from kvserve.config import (
     resolve,
 )
 from kvserve.kvstore.cache_dir import default_cache_dir
-from kvserve.kvstore.checkpoint import DISK_DTYPE_CHOICES
 
 if TYPE_CHECKING:
     from kvserve.engine.core import EngineCore
@@ -107,6 +106,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-memory-mb", type=int, default=d.cache.kv_cache_memory_mb, help="KV pool size (0 = auto)"
     )
     g.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "float32", "float16", "bfloat16"),
+        default=d.cache.kv_dtype,
+        help="the KV's dtype, in the pool and on disk (auto: float16 for a float32 engine on CPU, "
+        "as llama.cpp's default; else the engine's dtype)",
+    )
+    g.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=d.cache.gpu_memory_utilization,
@@ -149,12 +155,6 @@ def add_kv_store_args(parser: argparse.ArgumentParser) -> None:
         help="disk budget of the KV checkpoints; the lowest-scoring ones are evicted",
     )
     g.add_argument(
-        "--kv-cache-dtype",
-        choices=DISK_DTYPE_CHOICES,
-        default="auto",
-        help="KV dtype on disk (auto: float16 for a float32 engine, else the engine's dtype)",
-    )
-    g.add_argument(
         "--no-kv-cache-preload",
         action="store_true",
         help="do not read the most recently used checkpoints into RAM at start-up (up to half the pool)",
@@ -171,7 +171,6 @@ def kv_store_config_from_args(args: argparse.Namespace) -> KVStoreConfig | None:
     return KVStoreConfig(
         directory=directory,
         budget_mb=args.kv_cache_budget_mb,
-        dtype=args.kv_cache_dtype,
         preload_fraction=0.0 if args.no_kv_cache_preload else KVStoreConfig.preload_fraction,
     )
 
@@ -196,6 +195,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             block_size=args.block_size,
             kv_cache_memory_mb=args.kv_cache_memory_mb,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_dtype=args.kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens

@@ -19,7 +19,7 @@ from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
-from kvserve.kvstore.checkpoint import StoreIdentity, disk_kv_dtype
+from kvserve.kvstore.checkpoint import StoreIdentity
 from kvserve.models.layers import cpu_ext
 from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_rows
 from kvserve.models.loaded import LoadedModel
@@ -53,7 +53,9 @@ class EngineCore:
         # KV computed with quantized weights differs from dense KV: never share blocks between them.
         # So does KV prefilled on other weights than the dense fp32 ones.
         prefill = ":int8-prefill" if config.int8_prefill else ":bf16-prefill" if config.bf16_prefill else ""
-        self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}{prefill}"
+        # And KV held in another dtype than the compute (fp16 under fp32) is rounded KV.
+        kv = f":kv-{config.cache.kv_dtype}" if config.cache.kv_dtype != config.dtype else ""
+        self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}{prefill}{kv}"
         self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=self.cache_key)
         self.scheduler = Scheduler(
             max_num_seqs=config.scheduler.max_num_seqs,
@@ -80,8 +82,10 @@ class EngineCore:
             self.max_model_len,
             self.num_blocks,
             block_size,
-            self.num_blocks * kv_bytes_per_block(loaded, block_size) / 2**20,
-            config.dtype,
+            self.num_blocks * kv_bytes_per_block(loaded, block_size, config.torch_kv_dtype) / 2**20,
+            config.dtype
+            if config.cache.kv_dtype == config.dtype
+            else f"{config.dtype} (KV {config.cache.kv_dtype})",
             config.device,
         )
 
@@ -94,7 +98,7 @@ class EngineCore:
         # The chunk keys are this engine's block chain hashes, whose extra key is cache_key.
         identity = StoreIdentity(
             self.cache_key,
-            disk_kv_dtype(config.dtype, self.config.dtype),
+            self.config.cache.kv_dtype,  # the pool's bytes, stored as they are
             num_layers,
             num_kv_heads,
             head_dim,
@@ -283,6 +287,7 @@ def build_runner(
         num_blocks,
         config.cache.block_size,
         torch.device(config.device),
+        kv_dtype=config.torch_kv_dtype,
         attention_backend=config.attention_backend,
         enforce_eager=config.enforce_eager,
         max_num_seqs=config.scheduler.max_num_seqs,
@@ -320,7 +325,7 @@ def _cuda_kv_budget(config: EngineConfig, loaded: LoadedModel) -> int:
 
 def _resolve_num_blocks(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
     block_size = config.cache.block_size
-    per_block = kv_bytes_per_block(loaded, block_size)
+    per_block = kv_bytes_per_block(loaded, block_size, config.torch_kv_dtype)
     blocks_per_seq = -(-max_model_len // block_size)
     if config.cache.kv_cache_memory_mb > 0:
         num_blocks = config.cache.kv_cache_memory_mb * 2**20 // per_block

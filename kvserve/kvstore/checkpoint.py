@@ -33,22 +33,7 @@ SUPERSEDED_REASONS: frozenset[SaveReason] = frozenset({"continued", "agent_sessi
 # torch dtypes: this module stays importable without torch (the CLI's flags read DISK_DTYPE_CHOICES).
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-
-DISK_DTYPE_CHOICES = ("auto", *DTYPE_BYTES)
 FP16_MAX = 65504.0
-
-
-def disk_kv_dtype(requested: str, compute_dtype: str) -> str:
-    """The dtype KV is stored in on disk. "auto": float16 for float32 engines (a restart reads and
-    copies half the bytes; fp16 is llama.cpp's KV type, and the KV differs from the fp32 compute by
-    its rounding only), else the compute dtype (bf16 stays bf16: no saving, and a range risk)."""
-    if requested == "auto":
-        return "float16" if compute_dtype == "float32" else compute_dtype
-    if requested not in DTYPE_BYTES:
-        raise ValueError(
-            f"unsupported disk KV dtype {requested!r} (choose from {', '.join(DISK_DTYPE_CHOICES)})"
-        )
-    return requested
 
 
 def to_disk_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -44,7 +44,7 @@ class CpuDecodeStack:
             if (
                 attn.backend.name != "torch_ref"
                 or cache is None
-                or cache.dtype != torch.float32
+                or cache.dtype not in (torch.float32, torch.float16)
                 or not cache.is_contiguous()
             ):
                 return None

@@ -45,7 +45,10 @@ def real_server() -> Iterator[RealServer]:
     from kvserve.serving.chat_service import ChatService
 
     core = build_engine(
-        EngineConfig(model="smollm2", dtype="float32", device="cpu", max_model_len=2048), progress=False
+        # The CLI's defaults (dtype and weight quant auto: int4 decode for the Q4 GGUF, bf16 prompt
+        # weights where the CPU has fast bf16), as `kvserve serve` runs it.
+        EngineConfig(model="smollm2", dtype="auto", weight_quant="auto", device="cpu", max_model_len=2048),
+        progress=False,
     )
     engine = AsyncEngineClient(core)
     service = ChatService(engine, core.loaded.tokenizer, core.max_model_len, "smollm2")
@@ -289,10 +292,15 @@ async def test_sixteen_concurrent_streams_match_their_sequential_answers(real_se
 
     async with httpx.AsyncClient(base_url=real_server.url, timeout=120) as client:
         alone = {}
-        for prompt in prompts:
-            response = await client.post("/v1/chat/completions", json=body(prompt, False))
-            choice = response.json()["choices"][0]
-            alone[prompt] = (choice["message"]["content"], choice["finish_reason"])
+        # Twice: the second pass finds each prompt's full blocks in the prefix cache, as the 16
+        # streams below do. A prompt computed from another cached prefix (the first pass: the
+        # template's first block only) can differ in its KV's last bits, which int4 decode's int8
+        # activations can turn into another greedy token (docs/benchmarks.md, seventh session).
+        for _ in range(2):
+            for prompt in prompts:
+                response = await client.post("/v1/chat/completions", json=body(prompt, False))
+                choice = response.json()["choices"][0]
+                alone[prompt] = (choice["message"]["content"], choice["finish_reason"])
         together = await asyncio.gather(*(streamed(client, p) for p in prompts * 4))
     assert together == [alone[p] for p in prompts * 4]
     assert all(text for text, _ in together)

@@ -55,12 +55,13 @@ def make_engine(
     async_scheduling: bool | None = None,
     context: ContextRequest | None = None,
     weight_quant: str = "none",
+    kv_dtype: str = "auto",  # auto: float16 under this fp32 engine (config.resolve)
 ) -> EngineCore:
     config = EngineConfig(
         model=str(path),
         dtype="float32",
         device="cpu",
-        cache=CacheConfig(block_size=block_size, kv_cache_memory_mb=kv_cache_memory_mb),
+        cache=CacheConfig(block_size=block_size, kv_cache_memory_mb=kv_cache_memory_mb, kv_dtype=kv_dtype),  # type: ignore[arg-type]
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
         kv_store=kv_store,
         async_scheduling=async_scheduling,

@@ -141,7 +141,9 @@ def test_evict_saves_a_released_sequence_before_its_blocks_are_reused(
     tiny_llama_dir: Path, tmp_path: Path
 ) -> None:
     # A pool of 129 blocks (the floor for one 2048-token context): B's prefill reuses A's blocks.
-    engine = make_engine(tiny_llama_dir, kv_cache_memory_mb=1, kv_store=_store_config(tmp_path))
+    engine = make_engine(
+        tiny_llama_dir, kv_cache_memory_mb=1, kv_store=_store_config(tmp_path), kv_dtype="float32"
+    )
     assert engine.num_blocks == 129
     a = _prompt(1000, 6)
     _run(engine, a, "a", SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))

@@ -47,15 +47,24 @@ def _decode_batch(
     return cache, metadata
 
 
+# The pool's dtypes under fp32 compute: fp32, and fp16 (the CPU default, widened with F16C).
+KV_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+# Tolerances of the cache comparison: the same rounding, up to one fp16 ulp where the two RoPEs'
+# fp32 results differ in their last bit on either side of a rounding boundary.
+CACHE_TOL = {torch.float32: 1e-6, torch.float16: 1e-3}
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES.values(), ids=KV_DTYPES.keys())
 @pytest.mark.parametrize("window", [None, 5, 700])
 @pytest.mark.parametrize(
     "seq_lens",
     [[1], [29], [29, 6, 17, 1], [101], [1300], [1300, 37, 700]],
     ids=["first", "one", "ragged", "tiles", "chunks", "chunks-ragged"],
 )
-def test_matches_the_torch_path(seq_lens: list[int], window: int | None) -> None:
+def test_matches_the_torch_path(seq_lens: list[int], window: int | None, kv_dtype: torch.dtype) -> None:
     """Long sequences run as chunks of 512 keys whose partial results are merged."""
     cache, metadata = _decode_batch(seq_lens, num_blocks=640)
+    cache = cache.to(kv_dtype)
     qkv = torch.randn(len(seq_lens), (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM)
     cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)
     scale = HEAD_DIM**-0.5
@@ -71,22 +80,48 @@ def test_matches_the_torch_path(seq_lens: list[int], window: int | None) -> None
     out = cpu_decode.attend_qkv(qkv, cos, sin, cache, metadata, NUM_HEADS, NUM_KV_HEADS, scale, window)
     assert out is not None
     torch.testing.assert_close(out, expected.reshape(len(seq_lens), -1), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache, ref_cache, atol=1e-6, rtol=1e-6)  # the same KV write
+    tol = CACHE_TOL[kv_dtype]
+    torch.testing.assert_close(cache, ref_cache, atol=tol, rtol=tol)  # the same KV write
+
+
+def test_fp16_cache_saturates_as_the_torch_write_does() -> None:
+    """A value past fp16's range is stored as +-65504 by both writes, never as inf (which would
+    turn every later score of that key into NaN)."""
+    seq_lens = [3, 9]
+    cache, metadata = _decode_batch(seq_lens)
+    cache = cache.half()
+    ref_cache = cache.clone()
+    qkv = torch.randn(len(seq_lens), (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM)
+    heads = qkv.view(len(seq_lens), -1, HEAD_DIM)
+    heads[0, NUM_HEADS + NUM_KV_HEADS, :3] = torch.tensor([1e6, -1e6, 7e4])  # v: no RoPE in the way
+    cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)
+    qk = apply_rotary(heads[:, : NUM_HEADS + NUM_KV_HEADS], cos, sin)
+    TorchRefBackend().write_kv(
+        ref_cache, qk[:, NUM_HEADS:], heads[:, NUM_HEADS + NUM_KV_HEADS :], metadata.slot_mapping
+    )
+    out = cpu_decode.attend_qkv(qkv, cos, sin, cache, metadata, NUM_HEADS, NUM_KV_HEADS, 0.125, None)
+    assert out is not None and bool(out.isfinite().all())
+    slot = int(metadata.slot_mapping[0])
+    stored = cache[1].view(-1, NUM_KV_HEADS, HEAD_DIM)[slot, 0, :3]
+    assert stored.tolist() == [65504.0, -65504.0, 65504.0]
+    assert torch.equal(ref_cache[1].view(-1, NUM_KV_HEADS, HEAD_DIM)[slot, 0, :3], stored)
 
 
 # (heads, KV heads, head dim, RMSNorm offset): Qwen3's q/k norms (w), Gemma 3 270M's (1 + w, D = 256).
 QK_NORM_SHAPES = {"qwen3": (6, 2, 64, 0.0), "gemma3_270m": (4, 1, 256, 1.0)}
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES.values(), ids=KV_DTYPES.keys())
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("seq_lens", [[1], [29], [29, 6, 17, 1]], ids=["first", "one", "ragged"])
 @pytest.mark.parametrize("shape", QK_NORM_SHAPES.values(), ids=QK_NORM_SHAPES.keys())
 def test_qk_norm_matches_the_torch_path(
-    shape: tuple[int, int, int, float], seq_lens: list[int], window: int | None
+    shape: tuple[int, int, int, float], seq_lens: list[int], window: int | None, kv_dtype: torch.dtype
 ) -> None:
     """Per-head RMSNorm of q and k before RoPE (Attention.attend_qkv's torch path), in the same call."""
     num_heads, num_kv_heads, head_dim, offset = shape
     cache, metadata = _decode_batch(seq_lens, num_kv_heads, head_dim)
+    cache = cache.to(kv_dtype)
     gen = torch.Generator().manual_seed(1)
     qkv = torch.randn(len(seq_lens), (num_heads + 2 * num_kv_heads) * head_dim, generator=gen) * 3
     cos, sin = RotaryEmbedding(head_dim, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)
@@ -112,7 +147,8 @@ def test_qk_norm_matches_the_torch_path(
         )  # fmt: skip
     assert out is not None
     torch.testing.assert_close(out, expected.reshape(len(seq_lens), -1), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache, ref_cache, atol=1e-5, rtol=1e-5)  # normed, rotated k; v as is
+    tol = max(CACHE_TOL[kv_dtype], 1e-5)
+    torch.testing.assert_close(cache, ref_cache, atol=tol, rtol=tol)  # normed, rotated k; v as is
 
 
 def test_declines_what_it_does_not_cover() -> None:
@@ -125,11 +161,13 @@ def test_declines_what_it_does_not_cover() -> None:
     assert cpu_decode.attend_qkv(qkv, cos, sin, cache, metadata, *args) is None
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES.values(), ids=KV_DTYPES.keys())
 @pytest.mark.parametrize("seq_lens", [[101], [1300], [1300, 37, 8]], ids=["one", "chunks", "three"])
-def test_the_thread_count_does_not_change_the_bits(seq_lens: list[int]) -> None:
+def test_the_thread_count_does_not_change_the_bits(seq_lens: list[int], kv_dtype: torch.dtype) -> None:
     """A long sequence's chunks run on several threads; its arithmetic must not depend on how many
     (answers must not depend on --threads or on the batch)."""
     cache, metadata = _decode_batch(seq_lens, num_kv_heads=3, num_blocks=640)
+    cache = cache.to(kv_dtype)
     heads, kv_heads = 9, 3
     qkv = torch.randn(len(seq_lens), (heads + 2 * kv_heads) * HEAD_DIM)
     cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)

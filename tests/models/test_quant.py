@@ -62,3 +62,20 @@ def test_bf16_prefill_keeps_fp32_decode_and_runs_prompt_batches_in_bf16(scheme: 
     expected = torch.nn.functional.linear(large.bfloat16(), weight.bfloat16(), bias.bfloat16()).float()
     assert out.dtype == torch.float32 and torch.equal(out, expected)
     assert not torch.equal(out, plain(large))  # the bf16 GEMM really ran
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_dense_rows_do_not_depend_on_how_many_come_together(dtype: torch.dtype) -> None:
+    """A prompt's few-token tail (after a prefix hit) must get the bits the same tokens get inside a
+    larger batch: torch's fp32 GEMM takes another kernel below 16 rows (rows 1 and 3 of a 1536 x 576
+    product differed), which int4 decode's int8 activations turned into other greedy tokens."""
+    from kvserve.models.layers.quant import _dense_rows
+
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(1536, 576, generator=gen).to(dtype)
+    bias = torch.randn(1536, generator=gen).to(dtype)
+    x = torch.randn(64, 576, generator=gen)
+    full = _dense_rows(x, weight, bias)
+    assert full.dtype == x.dtype
+    for rows in (1, 2, 3, 15, 16, 17, 40):
+        assert torch.equal(_dense_rows(x[:rows], weight, bias), full[:rows]), rows

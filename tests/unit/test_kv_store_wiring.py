@@ -17,7 +17,7 @@ from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.kvstore.cache_dir import default_cache_dir
-from kvserve.kvstore.checkpoint import disk_kv_dtype, to_disk_dtype
+from kvserve.kvstore.checkpoint import to_disk_dtype
 from kvserve.serving.turn_markers import turn_marker_texts
 
 LLAMA3 = (
@@ -122,13 +122,10 @@ def test_anthropic_usage_splits_the_prompt_into_read_written_and_neither() -> No
     assert usage_json(Usage(1000, 5, 992))["cache_read_input_tokens"] == 992
 
 
-def test_kv_cache_dtype_flag_and_the_disk_dtype() -> None:
-    assert _config("--kv-cache-dtype", "float32").kv_store.dtype == "float32"  # type: ignore[union-attr]
-    assert disk_kv_dtype("auto", "float32") == "float16"  # half the bytes of a float32 engine's KV
-    assert disk_kv_dtype("auto", "bfloat16") == "bfloat16"
-    assert disk_kv_dtype("float32", "float32") == "float32"
-    with pytest.raises(ValueError, match="unsupported disk KV dtype"):
-        disk_kv_dtype("int8", "float32")
+def test_kv_cache_dtype_flag() -> None:
+    """One dtype for the KV in the pool and on disk (config.resolve fills auto: tests/unit/test_kv_dtype.py)."""
+    assert _config("--kv-cache-dtype", "float32").cache.kv_dtype == "float32"
+    assert _config().cache.kv_dtype == "auto"
 
 
 def test_to_disk_dtype_saturates_float16() -> None:

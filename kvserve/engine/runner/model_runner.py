@@ -22,9 +22,9 @@ from kvserve.models.loaded import LoadedModel
 logger = logging.getLogger(__name__)
 
 
-def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
+def kv_bytes_per_block(loaded: LoadedModel, block_size: int, kv_dtype: torch.dtype) -> int:
     num_layers, num_kv_heads, head_dim = loaded.model.kv_cache_spec()
-    element_size = torch.empty((), dtype=loaded.dtype).element_size()
+    element_size = torch.empty((), dtype=kv_dtype).element_size()
     return num_layers * 2 * block_size * num_kv_heads * head_dim * element_size
 
 
@@ -46,6 +46,7 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         *,
+        kv_dtype: torch.dtype | None = None,  # None: the model's dtype
         attention_backend: AttentionBackendName = "auto",
         enforce_eager: bool = False,
         max_num_seqs: int = 1,
@@ -59,7 +60,7 @@ class ModelRunner:
         num_layers, num_kv_heads, head_dim = self.model.kv_cache_spec()
         # [2, num_blocks, block_size, num_kv_heads, head_dim] per layer: K then V.
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
-        self.kv_caches = [_zeros(shape, loaded.dtype, device) for _ in range(num_layers)]
+        self.kv_caches = [_zeros(shape, kv_dtype or loaded.dtype, device) for _ in range(num_layers)]
         self.model.bind_kv_caches(self.kv_caches)
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator | None] = {}

@@ -95,9 +95,7 @@ class WeightOnlyLinear(nn.Module):
                 )
                 if out is not None:
                     return out
-            if self.weight.dtype != x.dtype:  # bf16_prefill
-                return F.linear(x.to(self.weight.dtype), self.weight, self.dense_bias).to(x.dtype)
-            return F.linear(x, self.weight, self.dense_bias)
+            return _dense_rows(x, self.weight, self.dense_bias)
         if self.bits is not None:
             return lowbit_cpu.lowbit_linear(
                 x, self.qweight, self.scales, self.bits, self.bias,
@@ -130,6 +128,23 @@ class WeightOnlyLinear(nn.Module):
     def extra_repr(self) -> str:
         out_features, in_features = self.weight.shape
         return f"{in_features} -> {out_features}, {self.scheme}, dense above {self.max_quant_rows} rows"
+
+
+# Fewer rows than this take another GEMM kernel in torch's CPU matmul (measured: fp32 rows 1 and 3
+# of a 1536 x 576 product differ in their last bits from the same rows of a 64-row one; 16+ agree).
+_MIN_GEMM_ROWS = 16
+
+
+def _dense_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear on the dense weights, each row's bits independent of how many rows come with it:
+    a prompt's tail of a few tokens (after a prefix-cache hit) must give the KV the same tokens get
+    inside a larger batch, since int4 decode's int8 activations turn last-bit differences into
+    other tokens. Small batches are padded with zero rows to the GEMM's own kernel."""
+    rows = x.shape[0]
+    if rows < _MIN_GEMM_ROWS:
+        x = torch.cat([x, x.new_zeros(_MIN_GEMM_ROWS - rows, x.shape[1])])
+    out = F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+    return out[:rows] if rows < _MIN_GEMM_ROWS else out
 
 
 def default_max_quant_rows(scheme: WeightQuant, dtype: torch.dtype) -> int:

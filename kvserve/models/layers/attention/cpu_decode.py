@@ -1,5 +1,6 @@
 """One-token decodes on the CPU in fp32: RoPE, the KV write and paged attention reading the
-cache's blocks in place, in one C++ call per layer (csrc/decode_attention.cpp).
+cache's blocks in place, in one C++ call per layer (csrc/decode_attention.cpp). The cache is fp32
+or fp16 (the default under fp32: kv_dtype.py).
 
 With q/k norms (Qwen3, Gemma 3) the per-head RMSNorm of q and k comes first, in the same call.
 The torch path (rotary.py + TorchRefBackend) stays the oracle and covers everything else:
@@ -34,7 +35,7 @@ def attend_qkv(
     if (
         qkv.device.type != "cpu"
         or qkv.dtype != torch.float32
-        or cache.dtype != torch.float32
+        or cache.dtype not in (torch.float32, torch.float16)
         or not 0 < metadata.num_decodes == metadata.num_seqs == num_tokens
         or not all(t.is_contiguous() for t in (qkv, cos, sin, cache))
     ):

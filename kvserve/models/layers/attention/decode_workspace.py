@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvserve.models.layers.attention.kv_dtype import as_stored
+
 # Rows and keys grow in these steps, so a buffer is reallocated rarely (its copy costs one gather).
 _ROW_STEP = 8
 _KEY_STEP = 256
@@ -101,11 +103,12 @@ class DecodeWorkspace:
         k_new, v_new: [num_decodes, kvh, d], this step's decode keys/values; block_tables:
         [num_decodes, n] the decodes' blocks (for the rows filled from the pool).
         """
-        buffer, is_new = self._buffer(cache)
+        buffer, is_new = self._buffer(cache, k_new.dtype)
         if buffer is None:
             return None
-        buffer[0, plan.rows, :, plan.positions] = k_new.to(buffer.dtype)
-        buffer[1, plan.rows, :, plan.positions] = v_new.to(buffer.dtype)
+        # As stored: a continuing row must hold what a row refilled from the pool would.
+        buffer[0, plan.rows, :, plan.positions] = as_stored(k_new, cache.dtype).to(buffer.dtype)
+        buffer[1, plan.rows, :, plan.positions] = as_stored(v_new, cache.dtype).to(buffer.dtype)
         fresh = range(len(plan.positions)) if is_new else plan.fresh  # a new buffer holds nothing yet
         if fresh:
             self._fill(buffer, cache, plan, list(fresh), block_tables)
@@ -126,10 +129,11 @@ class DecodeWorkspace:
         tables = block_tables[index, : -(-num_keys // block_size)]  # [num_fresh, n]
         kv = cache.index_select(1, tables.reshape(-1))  # [2, num_fresh * n, block_size, kvh, d]
         kv = kv.view(2, len(fresh), -1, num_kv_heads, head_dim).transpose(2, 3)  # [2, F, kvh, n * bs, d]
-        buffer[:, plan.rows[index], :, :num_keys] = kv[..., :num_keys, :]
+        buffer[:, plan.rows[index], :, :num_keys] = kv[..., :num_keys, :].to(buffer.dtype)
 
-    def _buffer(self, cache: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
-        """(this layer's buffer, whether it was just created), grown to the plan's size."""
+    def _buffer(self, cache: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor | None, bool]:
+        """(this layer's buffer, whether it was just created), grown to the plan's size; in the
+        compute `dtype`, which an fp16 cache under fp32 compute is widened to once per key."""
         key = cache.data_ptr()
         self._seen.add(key)
         buffer = self._buffers.get(key)
@@ -138,11 +142,12 @@ class DecodeWorkspace:
         num_kv_heads, head_dim = cache.shape[-2:]
         shape = (2, self._need_rows, num_kv_heads, self._need_keys, head_dim)
         others = sum(b.numel() * b.element_size() for k, b in self._buffers.items() if k != key)
-        if others + torch.Size(shape).numel() * cache.element_size() > self.max_bytes:
+        element_size = torch.empty((), dtype=dtype).element_size()
+        if others + torch.Size(shape).numel() * element_size > self.max_bytes:
             self._buffers.pop(key, None)
             return None, False
         # Zeros, not empty: masked keys are still read, and 0 * NaN would poison the output.
-        grown = torch.zeros(shape, dtype=cache.dtype, device=cache.device)
+        grown = torch.zeros(shape, dtype=dtype, device=cache.device)
         if buffer is not None:  # continuing rows keep their KV
             rows, keys = min(buffer.shape[1], shape[1]), min(buffer.shape[3], shape[3])
             grown[:, :rows, :, :keys] = buffer[:, :rows, :, :keys]

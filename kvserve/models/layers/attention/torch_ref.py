@@ -8,6 +8,9 @@ the metadata's host lists, so nothing here forces a device sync.
 On CPU, when the metadata names its sequences, the decode group reads a `DecodeWorkspace`
 instead of gathering: contiguous per-sequence KV kept across steps and extended by one
 token per step (the gather moved about twice the KV bytes SDPA reads).
+
+The cache may hold fp16 under fp32 compute (the CPU default): every read widens it to the
+queries' dtype, and a prefill without context attends over its own KV as stored (kv_dtype.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.models.layers.attention.decode_workspace import DecodeWorkspace, RowPlan
+from kvserve.models.layers.attention.kv_dtype import as_stored, to_kv_dtype
 from kvserve.models.layers.attention.metadata import AttentionMetadata
 
 
@@ -43,7 +47,7 @@ class _WorkspacePlan:
     rows: RowPlan
     key_start: int  # keys before it are outside every row's window
     num_keys: int  # keys [key_start, key_start + num_keys) are read
-    mask: torch.Tensor  # [num_rows, 1, 1, num_keys] additive (0 / -inf), in the cache dtype
+    mask: torch.Tensor  # [num_rows, 1, 1, num_keys] additive (0 / -inf), in the queries' dtype
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,8 @@ class TorchRefBackend:
         self, cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
     ) -> None:
         num_kv_heads, head_dim = cache.shape[-2:]
-        cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(cache.dtype))
-        cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(cache.dtype))
+        cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, to_kv_dtype(k, cache.dtype))
+        cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, to_kv_dtype(v, cache.dtype))
 
     def attend(
         self,
@@ -82,7 +86,7 @@ class TorchRefBackend:
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
-        plan = self._plan(metadata, sliding_window, cache)
+        plan = self._plan(metadata, sliding_window, cache, q.dtype)
         outputs: list[torch.Tensor] = []
         num_decodes = metadata.num_decodes
         buffer = None
@@ -101,7 +105,9 @@ class TorchRefBackend:
             outputs.append(_attend_prefill(q, k, v, cache, prefill, scale))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
-    def _plan(self, metadata: AttentionMetadata, window: int | None, cache: torch.Tensor) -> _Plan:
+    def _plan(
+        self, metadata: AttentionMetadata, window: int | None, cache: torch.Tensor, dtype: torch.dtype
+    ) -> _Plan:
         if self._plan_metadata is not metadata:
             self._plan_metadata, self._plans = metadata, {}
             self._rows = self._plan_rows(metadata, cache)
@@ -109,7 +115,7 @@ class TorchRefBackend:
         if plan is None:
             workspace = None
             if self._rows is not None:
-                workspace = _plan_workspace(self._rows, window, cache.dtype)
+                workspace = _plan_workspace(self._rows, window, dtype)
             decode = None
             if metadata.num_decodes and workspace is None:
                 decode = _plan_decode(metadata, window)
@@ -192,15 +198,15 @@ def _plan_prefill(metadata: AttentionMetadata, seq_idx: int, window: int | None)
 
 def _attend_decode(q: torch.Tensor, cache: torch.Tensor, plan: _DecodePlan, scale: float) -> torch.Tensor:
     num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads, dtype = cache.shape[-2], q.dtype
+    num_kv_heads = cache.shape[-2]
     # index_select on flat block ids is several times faster on CPU than advanced indexing.
     kv = cache.index_select(1, plan.block_tables.reshape(-1))  # [2, num_seqs * num_blocks, block_size, ...]
     kv = kv.view(2, num_seqs, -1, num_kv_heads, head_dim)[:, :, : plan.num_keys]  # [2, B, num_keys, kvh, d]
-    kv = kv.transpose(2, 3)  # [2, num_seqs, num_kv_heads, num_keys, head_dim]
+    kv = kv.transpose(2, 3).to(q.dtype)  # [2, num_seqs, num_kv_heads, num_keys, head_dim]
     # GQA without copying KV: the query heads sharing a KV head become rows of one query block.
-    q = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(cache.dtype)
+    q = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=plan.mask, scale=scale)
-    return out.reshape(num_seqs, num_heads, head_dim).to(dtype)
+    return out.reshape(num_seqs, num_heads, head_dim)
 
 
 def _attend_workspace(
@@ -226,8 +232,8 @@ def _attend_prefill(
 ) -> torch.Tensor:
     q_seq = q[plan.query_start : plan.query_end].transpose(0, 1)  # [num_heads, num_queries, head_dim]
     if plan.block_ids is None:
-        k_seq = k[plan.query_start : plan.query_end].transpose(0, 1)  # [num_kv_heads, num_keys, head_dim]
-        v_seq = v[plan.query_start : plan.query_end].transpose(0, 1)
+        k_seq = as_stored(k[plan.query_start : plan.query_end], cache.dtype).transpose(0, 1)  # [kvh, keys, d]
+        v_seq = as_stored(v[plan.query_start : plan.query_end], cache.dtype).transpose(0, 1)
     else:
         kv = cache.index_select(1, plan.block_ids).flatten(1, 2)[:, : plan.num_keys]  # [2, num_keys, kvh, d]
         kv = kv.transpose(1, 2).to(q.dtype)  # [2, num_kv_heads, num_keys, head_dim]
