@@ -94,17 +94,21 @@ def test_fp16_cache_saturates_as_the_torch_write_does() -> None:
     qkv = torch.randn(len(seq_lens), (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM)
     heads = qkv.view(len(seq_lens), -1, HEAD_DIM)
     heads[0, NUM_HEADS + NUM_KV_HEADS, :3] = torch.tensor([1e6, -1e6, 7e4])  # v: no RoPE in the way
+    heads[1, NUM_HEADS + NUM_KV_HEADS, 5] = float("nan")  # a NaN stays one, as in torch's clamp
     cos, sin = RotaryEmbedding(HEAD_DIM, 10_000.0)(torch.tensor(seq_lens) - 1, torch.float32)
     qk = apply_rotary(heads[:, : NUM_HEADS + NUM_KV_HEADS], cos, sin)
     TorchRefBackend().write_kv(
         ref_cache, qk[:, NUM_HEADS:], heads[:, NUM_HEADS + NUM_KV_HEADS :], metadata.slot_mapping
     )
     out = cpu_decode.attend_qkv(qkv, cos, sin, cache, metadata, NUM_HEADS, NUM_KV_HEADS, 0.125, None)
-    assert out is not None and bool(out.isfinite().all())
+    assert out is not None and bool(out[0].isfinite().all())
     slot = int(metadata.slot_mapping[0])
     stored = cache[1].view(-1, NUM_KV_HEADS, HEAD_DIM)[slot, 0, :3]
     assert stored.tolist() == [65504.0, -65504.0, 65504.0]
     assert torch.equal(ref_cache[1].view(-1, NUM_KV_HEADS, HEAD_DIM)[slot, 0, :3], stored)
+    nan_slot = int(metadata.slot_mapping[1])
+    for written in (cache, ref_cache):
+        assert bool(written[1].view(-1, NUM_KV_HEADS, HEAD_DIM)[nan_slot, 0, 5].isnan())
 
 
 # (heads, KV heads, head dim, RMSNorm offset): Qwen3's q/k norms (w), Gemma 3 270M's (1 + w, D = 256).

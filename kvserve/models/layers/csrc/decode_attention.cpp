@@ -43,7 +43,9 @@ inline void store_row(const float* src, half_bits* dst, int64_t n) {
   int64_t i = 0;
   const __m256 hi = _mm256_set1_ps(FP16_MAX), lo = _mm256_set1_ps(-FP16_MAX);
   for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(src + i), lo), hi);
+    // Operands in this order so that a NaN passes through (max/min return their second on NaN),
+    // as torch's clamp does on the torch paths' write.
+    const __m256 x = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(src + i)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
   }
   for (; i < n; ++i) dst[i] = _cvtss_sh(std::min(std::max(src[i], -FP16_MAX), FP16_MAX), _MM_FROUND_TO_NEAREST_INT);
