@@ -171,26 +171,40 @@ class StreamRecorder:
 async def stream_request(
     http: httpx.AsyncClient, base_url: str, request: HttpRequest, rules: StreamRules = STRICT
 ) -> RequestResult:
-    """POST one streaming request and time its chunks. Network errors and non-200s are failures."""
-    start = time.perf_counter()
-    recorder = StreamRecorder(request.api, start, rules)
-    try:
-        async with http.stream(
-            "POST", base_url.rstrip("/") + request.api.path, json=request.body
-        ) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode("utf-8", "replace")
-                return _failed(request, f"HTTP {response.status_code}: {body[:300]}")
-            event: str | None = None
-            async for line in response.aiter_lines():
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:"):
-                    recorder.feed(line[5:].strip(), time.perf_counter(), event)
-                    event = None
-    except httpx.HTTPError as error:
-        return _failed(request, f"{type(error).__name__}: {error}")
-    return recorder.result(request.prompt_len, request.body.get("max_tokens"))
+    """POST one streaming request and time its chunks. Network errors and non-200s are failures.
+
+    One retry, on a new connection, when the server closed a pooled keep-alive connection before
+    answering (RemoteProtocolError before any response): the request never reached it. Why: an HTTP
+    server may close an idle connection just as the client reuses it (llama-server did, between
+    two `bench context` frontiers: its log shows the request never arrived, and the frontier had
+    no row). Any failure after the response began is the server's, and is not retried."""
+    for attempt in (1, 2):
+        start = time.perf_counter()
+        recorder = StreamRecorder(request.api, start, rules)
+        answered = False
+        try:
+            async with http.stream(
+                "POST", base_url.rstrip("/") + request.api.path, json=request.body
+            ) as response:
+                answered = True
+                if response.status_code != 200:
+                    body = (await response.aread()).decode("utf-8", "replace")
+                    return _failed(request, f"HTTP {response.status_code}: {body[:300]}")
+                event: str | None = None
+                async for line in response.aiter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        recorder.feed(line[5:].strip(), time.perf_counter(), event)
+                        event = None
+        except httpx.RemoteProtocolError as error:
+            if attempt == 1 and not answered:
+                continue
+            return _failed(request, f"{type(error).__name__}: {error}")
+        except httpx.HTTPError as error:
+            return _failed(request, f"{type(error).__name__}: {error}")
+        return recorder.result(request.prompt_len, request.body.get("max_tokens"))
+    raise AssertionError("unreachable: the second attempt returns")
 
 
 def _failed(request: HttpRequest, reason: str) -> RequestResult:

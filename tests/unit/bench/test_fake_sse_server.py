@@ -155,6 +155,52 @@ async def test_incomplete_streams_are_rejected(fake: tuple[str, Tracker], scenar
     assert reason in r.error
 
 
+async def _closing_server(answer_from: int) -> tuple[asyncio.Server, str, list[int]]:
+    """A raw HTTP server that reads each request and closes the connection without a response, from
+    its `answer_from`-th connection on answers it with the complete stream."""
+    seen: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(len(seen) + 1)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        if len(seen) >= answer_from:
+            body = _sse_bytes(COMPLETE)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}", seen
+
+
+@pytest.mark.parametrize(
+    ("answer_from", "succeeds"), [(2, True), (3, False)], ids=["retried", "twice-closed"]
+)
+async def test_a_connection_closed_before_any_answer_is_retried_once(
+    answer_from: int, succeeds: bool
+) -> None:
+    """An HTTP server may close a pooled connection just as the client reuses it: the request is sent
+    again on a new connection, once; a server that keeps closing is a failed request."""
+    server, url, seen = await _closing_server(answer_from)
+    async with server:
+        r = await _one(url)
+    assert len(seen) == 2
+    assert r.is_success is succeeds, r.error
+    if succeeds:
+        assert r.generated_text == "abc"
+    else:
+        assert "RemoteProtocolError" in r.error
+
+
 async def test_unreachable_server_is_a_failed_request() -> None:
     r = await _one("http://127.0.0.1:9")  # discard port: connection refused
     assert not r.is_success and "ConnectError" in r.error
