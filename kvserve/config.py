@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
+KV_DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")  # --kv-cache-dtype
 WeightQuantName = Literal["none", "int8", "int4", "auto"]
 AttentionBackendName = Literal["auto", "torch_ref", "triton"]
 
@@ -216,8 +217,8 @@ def _kv_dtype(requested: str, dtype: str, device: str) -> str:
     on_cpu = device == "cpu"
     if requested == "auto":
         return "float16" if on_cpu and dtype == "float32" else dtype
-    if requested not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"unknown --kv-cache-dtype {requested!r} (auto, float32, float16 or bfloat16)")
+    if requested not in KV_DTYPE_CHOICES:
+        raise ValueError(f"unknown --kv-cache-dtype {requested!r} (one of {', '.join(KV_DTYPE_CHOICES)})")
     if requested != dtype and not (on_cpu and dtype == "float32" and requested == "float16"):
         raise ValueError(
             f"--kv-cache-dtype {requested} does not combine with --dtype {dtype} on {device}: the KV "

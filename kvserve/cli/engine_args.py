@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from kvserve.config import (
+    KV_DTYPE_CHOICES,
     CacheConfig,
     EngineConfig,
     KVStoreConfig,
@@ -107,7 +108,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-cache-dtype",
-        choices=("auto", "float32", "float16", "bfloat16"),
+        choices=KV_DTYPE_CHOICES,
         default=d.cache.kv_dtype,
         help="the KV's dtype, in the pool and on disk (auto: float16 for a float32 engine on CPU, "
         "as llama.cpp's default; else the engine's dtype)",

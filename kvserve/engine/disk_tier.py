@@ -30,7 +30,7 @@ from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
 from kvserve.engine.outputs import EngineOutput, SchedulerOutput
 from kvserve.engine.request import Request
 from kvserve.engine.runner.model_runner import ModelRunner
-from kvserve.kvstore.checkpoint import ChunkRun, SaveReason, SaveResult, StoreIdentity, to_disk_dtype
+from kvserve.kvstore.checkpoint import ChunkRun, SaveReason, SaveResult, StoreIdentity
 from kvserve.kvstore.checkpoint_store import CheckpointStore
 from kvserve.kvstore.save_policy import SavePolicy, cold_cut, continued_frontier, system_cut
 from kvserve.kvstore.writer import CheckpointWriter
@@ -374,9 +374,8 @@ class DiskTier:
         return num_new_tokens
 
     def _copy_out(self, block_ids: list[int]) -> list[torch.Tensor]:
-        """The blocks' KV in the store's dtype (float16 on disk for a float32 engine)."""
-        dtype = self.store.identity.torch_dtype
-        return [to_disk_dtype(layer, dtype) for layer in self.runner.copy_blocks_out(block_ids)]
+        """The blocks' KV, in the pool's dtype, which is the store's (EngineCore's StoreIdentity)."""
+        return self.runner.copy_blocks_out(block_ids)
 
     def _superseded(self, session_id: str | None, hashes: Sequence[BlockHash]) -> str | None:
         """The session's previous checkpoint when this sequence extends it (chain hashes: the block

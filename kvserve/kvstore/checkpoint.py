@@ -29,22 +29,10 @@ ANCHOR_REASONS: frozenset[SaveReason] = frozenset(
 # redundant (its chunks are shared), so eviction takes it first.
 SUPERSEDED_REASONS: frozenset[SaveReason] = frozenset({"continued", "agent_session"})
 
-# The KV dtypes the disk tier stores, by name, with their element size in bytes. Names rather than
-# torch dtypes: this module stays importable without torch (the CLI's flags read DISK_DTYPE_CHOICES).
+# The KV dtypes the disk tier stores (the pool's own: config.CacheConfig.kv_dtype), by name, with
+# their element size in bytes. Names rather than torch dtypes: this module stays importable without
+# torch (`kvserve kv` reads it).
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-FP16_MAX = 65504.0
-
-
-def to_disk_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """KV cast for storage; float16 saturates at its range rather than storing inf."""
-    if kv.dtype == dtype:
-        return kv
-    import torch
-
-    if dtype == torch.float16 and kv.dtype != torch.bfloat16:
-        kv = kv.clamp(-FP16_MAX, FP16_MAX)
-    return kv.to(dtype)
 
 
 @dataclass(frozen=True)

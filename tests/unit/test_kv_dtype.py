@@ -50,6 +50,8 @@ def test_stored_kv_saturates_and_rounds_once() -> None:
     x = torch.tensor([1.0e5, -1.0e5, 0.1, 3.0])
     stored = to_kv_dtype(x, torch.float16)
     assert stored.dtype == torch.float16 and stored[:2].tolist() == [65504.0, -65504.0]
+    assert bool(torch.isfinite(stored).all())
+    torch.testing.assert_close(stored[2:].float(), x[2:], atol=1e-4, rtol=1e-3)
     assert to_kv_dtype(x, torch.float32) is x
     read = as_stored(x, torch.float16)
     assert read.dtype == torch.float32 and torch.equal(read, stored.float())

@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 
 import pytest
-import torch
 
 from kvserve.chat.render import CHATML_TEMPLATE, ChatRenderer
 from kvserve.cli.engine_args import add_engine_args, add_kv_store_args, engine_config_from_args
@@ -17,7 +16,6 @@ from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.kvstore.cache_dir import default_cache_dir
-from kvserve.kvstore.checkpoint import to_disk_dtype
 from kvserve.serving.turn_markers import turn_marker_texts
 
 LLAMA3 = (
@@ -126,12 +124,3 @@ def test_kv_cache_dtype_flag() -> None:
     """One dtype for the KV in the pool and on disk (config.resolve fills auto: tests/unit/test_kv_dtype.py)."""
     assert _config("--kv-cache-dtype", "float32").cache.kv_dtype == "float32"
     assert _config().cache.kv_dtype == "auto"
-
-
-def test_to_disk_dtype_saturates_float16() -> None:
-    kv = torch.tensor([1.0e5, -1.0e5, 0.1, 3.0])
-    out = to_disk_dtype(kv, torch.float16)
-    assert out.dtype == torch.float16 and torch.isfinite(out).all()
-    assert out[:2].tolist() == [65504.0, -65504.0]
-    torch.testing.assert_close(out[2:].float(), kv[2:], atol=1e-4, rtol=1e-3)
-    assert to_disk_dtype(kv, torch.float32) is kv

@@ -46,7 +46,7 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         *,
-        kv_dtype: torch.dtype | None = None,  # None: the model's dtype
+        kv_dtype: torch.dtype,  # config.CacheConfig.kv_dtype: the model's, or fp16 under fp32 on CPU
         attention_backend: AttentionBackendName = "auto",
         enforce_eager: bool = False,
         max_num_seqs: int = 1,
@@ -60,7 +60,7 @@ class ModelRunner:
         num_layers, num_kv_heads, head_dim = self.model.kv_cache_spec()
         # [2, num_blocks, block_size, num_kv_heads, head_dim] per layer: K then V.
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
-        self.kv_caches = [_zeros(shape, kv_dtype or loaded.dtype, device) for _ in range(num_layers)]
+        self.kv_caches = [_zeros(shape, kv_dtype, device) for _ in range(num_layers)]
         self.model.bind_kv_caches(self.kv_caches)
         self.sampler = Sampler()
         self._generators: dict[str, torch.Generator | None] = {}
