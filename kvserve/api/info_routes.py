@@ -20,7 +20,8 @@ _STARTED = int(time.time())
 
 def _model_json(request: Request) -> dict[str, Any]:
     settings = request.app.state.settings
-    ctx = chat_service(request).max_model_len
+    service = chat_service(request)
+    ctx = service.max_model_len
     return {
         "id": settings.served_model_name,
         "object": "model",
@@ -28,6 +29,9 @@ def _model_json(request: Request) -> dict[str, Any]:
         "owned_by": settings.owned_by,
         "context_length": ctx,
         "max_model_len": ctx,
+        # What a request that leaves a sampling parameter out gets, and where each value comes from
+        # (--generation-config), like llama-server's /props default_generation_settings.
+        "sampling_defaults": service.sampling_defaults.to_json(),
     }
 
 

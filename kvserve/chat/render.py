@@ -21,6 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from kvserve.chat.conversation import ChatRequest, ImagePart, Message, TextPart, ToolResultPart
 from kvserve.chat.hermes_tools import hermes_messages
+from kvserve.chat.system_order import system_before_user
 
 # Closing markers that templates wrap tool results in. A result containing its own closer would end
 # the block early, so only that closer is escaped (ref §5.2); `<`, `>`, `&` in code stay as they are.
@@ -110,7 +111,7 @@ class ChatRenderer:
         self.result_closers = tuple(c for c in RESULT_CLOSERS if c in self.template_source)
 
     def render(self, request: ChatRequest, add_generation_prompt: bool = True) -> str:
-        messages = request.messages
+        messages = system_before_user(request.messages)
         if not self.renders_tools:
             messages = hermes_messages(messages, request.active_tools)
         context: dict[str, Any] = {

@@ -18,6 +18,12 @@ from kvserve.cli.engine_args import (
     add_kv_store_args,
     engine_config_from_args,
 )
+from kvserve.models.generation_config import (
+    GENERATION_CONFIG_MODES,
+    GenerationConfigError,
+    SamplingDefaults,
+    parse_overrides,
+)
 from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
 
 EngineClient = Any  # AsyncEngineClient | ProcessEngineClient: generate, abort, shutdown
@@ -86,11 +92,29 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--n-predict); a capped answer ends as the API's length stop (default: no cap, the context left)",
     )
     g.add_argument(
+        "--generation-config",
+        choices=GENERATION_CONFIG_MODES,
+        default="auto",
+        help="sampling defaults for what a request leaves out (Claude Code and Codex send no "
+        "temperature): auto = the model's own (generation_config.json, GGUF general.sampling.*), "
+        "else kvserve's preset for a model it installs, else llama.cpp's (temperature 0.8, top-k 40, "
+        "top-p 0.95, min-p 0.05); none = the APIs' own (temperature 1.0, no filters). Shown at "
+        "start-up and in /v1/models",
+    )
+    g.add_argument(
+        "--override-generation-config",
+        type=_generation_overrides,
+        default={},
+        metavar="JSON",
+        help="sampling defaults that win over --generation-config's, e.g. "
+        '\'{"temperature": 0.2, "repetition_penalty": 1.1, "repetition_last_n": 64}\' '
+        "(a request's own values still win)",
+    )
+    g.add_argument(
         "--default-temperature",
         type=_non_negative_float,
         default=None,
-        help="sampling temperature of requests that send none (Claude Code and Codex never do; "
-        "default 1.0, the APIs' own default; 0 = greedy)",
+        help="shorthand for --override-generation-config '{\"temperature\": T}' (0 = greedy)",
     )
     g.add_argument(
         "--engine-process",
@@ -227,7 +251,7 @@ def build_app_over(
         reasoning_syntax=syntax.reasoning,
         prompt_prefix=handle.text_prefix,
         max_tokens_limit=args.max_tokens_limit,
-        default_temperature=args.default_temperature,
+        sampling_defaults=sampling_defaults_from_args(args),
     )
     if handle.disk_dir is not None and index == 0:
         tokenize = functools.partial(service.tokenize, add_special_tokens=False)
@@ -261,6 +285,30 @@ def build_app_over(
     return app, engine
 
 
+def sampling_defaults_from_args(args: argparse.Namespace) -> SamplingDefaults:
+    """What requests that leave a sampling parameter out get (models/generation_config.py), logged."""
+    from kvserve.models.aliases import sampling_preset
+    from kvserve.models.generation_config import read_model_sampling, resolve_sampling_defaults
+    from kvserve.models.loader.paths import resolve_model_path
+
+    mode = getattr(args, "generation_config", "auto")
+    overrides = dict(getattr(args, "override_generation_config", {}))
+    if args.default_temperature is not None:
+        overrides["temperature"] = args.default_temperature
+    model_values, model_source = read_model_sampling(resolve_model_path(args.model))
+    preset = sampling_preset(args.model)
+    defaults = resolve_sampling_defaults(
+        mode,
+        model_values,
+        model_source,
+        preset.values if preset else {},
+        preset.source if preset else "",
+        overrides,
+    )
+    logger.info("sampling defaults (--generation-config %s): %s", mode, defaults.describe())
+    return defaults
+
+
 def close_server(app: FastAPI, engine: EngineClient) -> None:
     """The clean shutdown of what `build_app` built: its savers, then the engine (whose disk tier
     writes the shutdown checkpoints)."""
@@ -281,6 +329,13 @@ def _non_negative_float(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
+
+
+def _generation_overrides(text: str) -> dict[str, float | int]:
+    try:
+        return parse_overrides(text)
+    except GenerationConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _data_dir(flag: str | None) -> Path:

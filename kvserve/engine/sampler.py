@@ -106,8 +106,11 @@ class Penalties:
         output_counts = _token_counts(outputs, vocab_size, device)
         seen_mask = None
         if any(has_repetition):
-            prompts = [ids if rep else [] for ids, rep in zip(prompt_token_ids, has_repetition)]
-            seen_mask = (_token_counts(prompts, vocab_size, device) > 0) | (output_counts > 0)
+            seen = [
+                _last_tokens(prompt, output, p.repetition_last_n) if rep else []
+                for prompt, output, p, rep in zip(prompt_token_ids, output_token_ids, params, has_repetition)
+            ]
+            seen_mask = _token_counts(seen, vocab_size, device) > 0
         column = [[p.repetition_penalty] for p in params]
         return cls(
             repetition=_to_device(column, torch.float32, device),
@@ -126,6 +129,16 @@ class Penalties:
             logits = logits - self.frequency * self.output_counts
             logits = logits - self.presence * (self.output_counts > 0).float()
         return logits
+
+
+def _last_tokens(prompt: list[int], output: list[int], last_n: int) -> list[int]:
+    """The tokens a repetition penalty looks at: the whole sequence, or its last `last_n` (llama.cpp's
+    penalty_last_n), without copying a long prompt."""
+    if last_n <= 0:
+        return prompt + output
+    if len(output) >= last_n:
+        return output[len(output) - last_n :]
+    return prompt[max(0, len(prompt) - (last_n - len(output))) :] + output
 
 
 def _token_counts(rows: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:

@@ -20,6 +20,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI semantics, over generated tokens
     frequency_penalty: float = 0.0  # OpenAI semantics, over generated tokens
     repetition_penalty: float = 1.0  # HF/CTRL semantics, over prompt + generated tokens
+    repetition_last_n: int = 0  # the penalty's window: the sequence's last N tokens (llama.cpp); 0: all
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # None: off; 0: sampled token only; k: plus the top k
     max_tokens: int = 256
@@ -35,6 +36,7 @@ class SamplingParams:
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (0 < self.repetition_penalty <= 10, "repetition_penalty must be in (0, 10]"),
+            (self.repetition_last_n >= 0, "repetition_last_n must be >= 0"),
             (self.max_tokens >= 1, "max_tokens must be >= 1"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be in [0, 20]"),
             (all(math.isfinite(b) for _, b in self.logit_bias), "logit_bias values must be finite"),

@@ -63,6 +63,38 @@ def resolve_alias(name: str) -> Path | None:
     return None
 
 
+@dataclass(frozen=True)
+class SamplingPreset:
+    """Sampling defaults kvserve ships for a model it installs whose file carries none (Ollama's
+    per-model `params`); models/generation_config.py puts them under the model's own and over
+    llama.cpp's generic ones."""
+
+    values: dict[str, float | int]
+    source: str
+
+
+# SmolLM2-135M-Instruct: its model card samples at temperature 0.2, top-p 0.9; over Claude Code's
+# 12.6K-token first request that alone still looped until the output limit in 3 of 20 runs, so it
+# adds llama.cpp's repetition penalty (1.1 over the last 64 tokens), with which all 20 of Claude
+# Code's and all 20 of Codex's first requests ended by themselves (scripts/client_stop_rate.py,
+# docs/clients.md).
+_SMOLLM2_SAMPLING = SamplingPreset(
+    {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1, "repetition_last_n": 64},
+    "SmolLM2 preset: model card + llama.cpp repeat penalty",
+)
+
+
+def sampling_preset(spec: str | Path) -> SamplingPreset | None:
+    """The preset of the model `spec` names (an alias, or the installed file an alias points at)."""
+    if isinstance(spec, str) and spec.lower() in ("smollm2", "smollm2-135m"):
+        return _SMOLLM2_SAMPLING
+    smollm2 = _smollm2_path()
+    path = Path(spec).expanduser()
+    if smollm2 is not None and path.is_file() and smollm2.is_file() and path.samefile(smollm2):
+        return _SMOLLM2_SAMPLING
+    return None
+
+
 def alias_names() -> tuple[str, ...]:
     return tuple(alias for model in list_known_models() for alias in (model.name, *model.aliases))
 

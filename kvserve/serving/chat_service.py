@@ -30,6 +30,7 @@ from kvserve.serving.constraints import DecodingConstraints
 from kvserve.serving.engine_protocol import (
     CheckpointHint,
     EngineClientProtocol,
+    SamplingDefaults,
     SamplingParams,
     SamplingParamsError,
     TokenConstraint,
@@ -59,6 +60,16 @@ logger = logging.getLogger(__name__)
 # OpenAI's bound on a logit_bias value; seeds are int64 (the engine's RNG takes no more).
 MAX_LOGIT_BIAS = 100.0
 SEED_RANGE = (-(2**63), 2**63 - 1)
+# The parameters a request may leave to the server's defaults (SamplingOptions' names).
+_DEFAULTED = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 # Issue 4's seam: given the chat request (tools offered? reasoning on?) and its rendered prompt (does
@@ -113,20 +124,20 @@ class ChatService:
         prompt_prefix: PromptPrefixLookup | None = None,
         recorder: RequestRecorder | None = None,
         max_tokens_limit: int | None = None,
-        default_temperature: float | None = None,
+        sampling_defaults: SamplingDefaults | None = None,
     ):
         """`tool_memory` None turns exact tool replay off (--disable-exact-tool-replay); `live_sequences`
         None turns live tool continuation off. `tool_syntax` and `reasoning_syntax` are what the
         segmenter parses (forced outputs follow them); `vocab_size` is the width of the model's logits
         (default: the tokenizer's size). `max_tokens_limit` caps every request's output tokens, whatever
         it asks for (--max-tokens-limit: clients such as Codex send no output limit at all);
-        `default_temperature` is the temperature of requests that send none (--default-temperature:
-        Claude Code and Codex never do, and 1.0 is too hot for a small model)."""
+        `sampling_defaults` fills each sampling parameter a request leaves out (Claude Code and Codex
+        send none; models/generation_config.py), None: the APIs' own neutral values."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.max_tokens_limit = max_tokens_limit
-        self.default_temperature = default_temperature
+        self.sampling_defaults = sampling_defaults or SamplingDefaults()
         self.model_name = model_name
         self.keepalive_s = keepalive_s
         self.supports_images = supports_images
@@ -261,17 +272,15 @@ class ChatService:
     def _sampling_params(self, options: GenerationOptions, max_tokens: int) -> SamplingParams:
         s = options.sampling
         self._check_sampling(s)
-        fields = {
-            "temperature": self.default_temperature if s.temperature is None else s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "min_p": s.min_p,
-            "seed": s.seed,
-            "presence_penalty": s.presence_penalty,
-            "frequency_penalty": s.frequency_penalty,
-            "repetition_penalty": s.repetition_penalty,
-            "logprobs": s.logprobs,
+        defaults = self.sampling_defaults
+        fields: dict[str, Any] = {
+            name: getattr(defaults, name) if getattr(s, name) is None else getattr(s, name)
+            for name in _DEFAULTED
         }
+        # A window belongs to the default penalty (llama.cpp's penalty_last_n); a request's own
+        # repetition_penalty has vLLM's meaning, over the whole sequence.
+        fields["repetition_last_n"] = defaults.repetition_last_n if s.repetition_penalty is None else 0
+        fields |= {"seed": s.seed, "logprobs": s.logprobs}
         given = {k: v for k, v in fields.items() if v is not None}
         try:
             return SamplingParams(

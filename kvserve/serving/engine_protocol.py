@@ -1,7 +1,7 @@
 """What ChatService needs from the engine and the tokenizer (structural, so tests can fake both).
 
-The engine dataclasses are imported here, and only here, for the layers above: they are
-plain Python (no torch), and `api/` reaches them only through `serving/`.
+The engine dataclasses (and the model's sampling defaults) are imported here, and only here, for
+the layers above: they are plain Python (no torch), and `api/` reaches them only through `serving/`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import CheckpointHint, Logprob
 from kvserve.engine.request import FinishReason as EngineFinishReason
 from kvserve.engine.sampling_params import SamplingParams, SamplingParamsError
+from kvserve.models.generation_config import SamplingDefaults
 
 __all__ = [
     "CheckpointHint",
@@ -21,6 +22,7 @@ __all__ = [
     "EngineFinishReason",
     "EngineOutput",
     "Logprob",
+    "SamplingDefaults",
     "SamplingParams",
     "SamplingParamsError",
     "TokenConstraint",

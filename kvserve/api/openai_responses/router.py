@@ -45,7 +45,7 @@ async def responses(request: Request) -> Response:
     service = chat_service(request)
     prepared = await prepare(request, service.prepare_chat, chat, param="input", continuation=RESPONSES)
     model = wire.model or request.app.state.settings.served_model_name
-    echo = _echo(wire, service.default_temperature)
+    echo = _echo(wire, service.sampling_defaults.values())
     encoder = ResponsesEncoder(new_id("resp_"), model, echo, wants_reasoning_summary(wire), chat.tools)
     events = generate(request, prepared)
     history = conversation(wire, chat)
@@ -115,9 +115,8 @@ async def _save(request: Request, encoder: ResponsesEncoder, history: tuple[Mess
     await run_in_threadpool(_store(request).save, encoder.response_id, stored)
 
 
-def _echo(wire: ResponsesRequest, default_temperature: float | None) -> dict[str, Any]:
+def _echo(wire: ResponsesRequest, defaults: dict[str, float | int]) -> dict[str, Any]:
     """The request's settings as the response object reports them (the server's defaults filled in)."""
-    temperature = wire.temperature if wire.temperature is not None else default_temperature
     return {
         "instructions": wire.instructions,
         "max_output_tokens": wire.max_output_tokens,
@@ -128,8 +127,8 @@ def _echo(wire: ResponsesRequest, default_temperature: float | None) -> dict[str
             "summary": wire.reasoning.summary if wire.reasoning else None,
         },
         "store": wire.store is not False,
-        "temperature": temperature if temperature is not None else 1.0,
-        "top_p": wire.top_p if wire.top_p is not None else 1.0,
+        "temperature": wire.temperature if wire.temperature is not None else defaults["temperature"],
+        "top_p": wire.top_p if wire.top_p is not None else defaults["top_p"],
         "tool_choice": wire.tool_choice if wire.tool_choice is not None else "auto",
         "tools": wire.tools or [],
         "text": wire.text or {"format": {"type": "text"}},
