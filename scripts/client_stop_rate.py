@@ -36,6 +36,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=400, help="an answer this long counts as a runaway")
     parser.add_argument("--body", default="{}", help="JSON merged into the request body (e.g. a temperature)")
+    parser.add_argument(
+        "--question",
+        action="append",
+        default=[],
+        help="ask this instead of the fixture's question (repeat: in turn)",
+    )
     parser.add_argument("--show", action="store_true", help="print each answer's text")
     parser.add_argument("--json", type=Path, default=None, help="write the runs here")
     args = parser.parse_args()
@@ -47,16 +53,21 @@ def main() -> None:
     runs = []
     with httpx.Client(base_url=args.url, timeout=3600, headers=headers) as client:
         for index in range(args.runs):
+            if args.question:
+                body = _ask(args.client, body, args.question[index % len(args.question)])
             started = time.monotonic()
             response = client.post(route, json=body)
             elapsed = time.monotonic() - started
             response.raise_for_status()
             run = _summary(args.client, response.json()) | {"seconds": round(elapsed, 2)}
+            if args.question:
+                run["question"] = args.question[index % len(args.question)]
             runs.append(run)
-            text = run.pop("text")
-            print(f"run {index + 1:2d}: {json.dumps(run)}", flush=True)
+            print(
+                f"run {index + 1:2d}: {json.dumps({k: v for k, v in run.items() if k != 'text'})}", flush=True
+            )
             if args.show:
-                print("   ", json.dumps(text[:600]), flush=True)
+                print("   ", json.dumps(run["text"][:600]), flush=True)
     stopped = [r for r in runs if r["stopped"]]
     lengths = [r["output_tokens"] for r in runs]
     print(
@@ -68,6 +79,15 @@ def main() -> None:
         args.json.write_text(
             json.dumps({"args": vars(args) | {"json": str(args.json)}, "runs": runs}, indent=1)
         )
+
+
+def _ask(client: str, body: dict, question: str) -> dict:
+    """The fixture with its last user text (the question) replaced."""
+    body = json.loads(json.dumps(body))
+    messages = body["messages"] if client == "claude" else body["input"]
+    last_user = [m for m in messages if m.get("role") == "user"][-1]
+    last_user["content"][-1]["text"] = question
+    return body
 
 
 def _summary(client: str, answer: dict) -> dict:

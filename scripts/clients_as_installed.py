@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -35,7 +37,7 @@ QUESTIONS = (
 )
 CODEX_CONFIG = """model = "smollm2"
 model_provider = "kvserve"
-model_context_window = 32768
+model_context_window = {ctx}
 
 [model_providers.kvserve]
 name = "kvserve (local)"
@@ -77,7 +79,8 @@ def main() -> None:
             binary = installed_client(CODEX, cache)
             codex_home = work / "codex-home"
             codex_home.mkdir()
-            (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=args.url))
+            ctx = httpx.get(f"{args.url}/v1/models").json()["data"][0]["context_length"]
+            (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=args.url, ctx=ctx))
             env = base_env | {"CODEX_HOME": str(codex_home), "KVSERVE_API_KEY": "dummy"}
             command = [str(binary), "exec", "--skip-git-repo-check"]
         else:

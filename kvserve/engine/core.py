@@ -52,7 +52,10 @@ class EngineCore:
         block_size = config.cache.block_size
         # KV computed with quantized weights differs from dense KV: never share blocks between them.
         # So does KV prefilled on other weights than the dense fp32 ones.
-        prefill = ":int8-prefill" if config.int8_prefill else ":bf16-prefill" if config.bf16_prefill else ""
+        # (":bf16-prefill-attn": bf16 prefill attention came later; KV from before it is not reused.)
+        prefill = (
+            ":int8-prefill" if config.int8_prefill else ":bf16-prefill-attn" if config.bf16_prefill else ""
+        )
         # And KV held in another dtype than the compute (fp16 under fp32) is rounded KV.
         kv = f":kv-{config.cache.kv_dtype}" if config.cache.kv_dtype != config.dtype else ""
         self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}{prefill}{kv}"
@@ -292,6 +295,9 @@ def build_runner(
         enforce_eager=config.enforce_eager,
         max_num_seqs=config.scheduler.max_num_seqs,
         max_model_len=max_model_len,
+        # --bf16-prefill: the prompt rows' attention in bf16 too (torch_ref.py), where the weights are
+        # bf16 for the same reason (a CPU with AVX512-BF16 or AMX).
+        prefill_attention_dtype=torch.bfloat16 if config.bf16_prefill else None,
     )
 
 

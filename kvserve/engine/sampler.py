@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from kvserve.engine.dry import dry_penalties
 from kvserve.engine.request import Logprob
 from kvserve.engine.sampling_params import SamplingParams
 
@@ -87,6 +89,9 @@ class Penalties:
     frequency: torch.Tensor  # [B, 1] float32
     seen_mask: torch.Tensor | None  # [B, V] bool: token in prompt or output; None: no repetition
     output_counts: torch.Tensor | None  # [B, V] float32; None: no presence/frequency
+    dry: torch.Tensor | None = None  # [B, V] float32 to subtract (engine/dry.py); None: no DRY row
+    # HF's exponential decay length penalty: (rows, EOS ids, factor ** steps past the start - 1)
+    eos_boost: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def build(
@@ -96,7 +101,11 @@ class Penalties:
         output_token_ids: list[list[int]],
         vocab_size: int,
         device: torch.device,
+        dry_breakers: np.ndarray | None = None,
+        eos_token_ids: list[tuple[int, ...]] | None = None,
     ) -> Penalties:
+        """`dry_breakers`: [V] bool, the sequence-breaker tokens of DRY rows (None: no breakers);
+        `eos_token_ids`: each row's end-of-sequence tokens (the length decay raises them)."""
         has_repetition = [p.repetition_penalty != 1 for p in params]
         has_additive = [p.presence_penalty != 0 or p.frequency_penalty != 0 for p in params]
         # Rows without a penalty contribute empty token lists, so padding stays small.
@@ -118,6 +127,8 @@ class Penalties:
             frequency=_to_device([[p.frequency_penalty] for p in params], torch.float32, device),
             seen_mask=seen_mask,
             output_counts=output_counts if any(has_additive) else None,
+            dry=_dry(params, output_token_ids, vocab_size, device, dry_breakers),
+            eos_boost=_eos_boost(params, output_token_ids, eos_token_ids, vocab_size, device),
         )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -128,7 +139,64 @@ class Penalties:
         if self.output_counts is not None:
             logits = logits - self.frequency * self.output_counts
             logits = logits - self.presence * (self.output_counts > 0).float()
+        if self.dry is not None:
+            logits = logits - self.dry
+        if self.eos_boost is not None:
+            rows, ids, growth = self.eos_boost
+            eos = logits[rows, ids]
+            logits = logits.index_put((rows, ids), eos + eos.abs() * growth)
         return logits
+
+
+# factor ** steps overflows float32 past ~88 / ln(factor) steps; EOS has won long before.
+_MAX_DECAY_STEPS = 2000
+
+
+def _eos_boost(
+    params: list[SamplingParams],
+    output_token_ids: list[list[int]],
+    eos_token_ids: list[tuple[int, ...]] | None,
+    vocab_size: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    rows, ids, growth = [], [], []
+    for row, (p, output) in enumerate(zip(params, output_token_ids)):
+        past = len(output) - p.length_decay_start
+        if p.length_decay_factor <= 1 or p.ignore_eos or past <= 0 or eos_token_ids is None:
+            continue
+        value = min(p.length_decay_factor ** min(past, _MAX_DECAY_STEPS) - 1, 1e30)
+        for token_id in eos_token_ids[row]:
+            if 0 <= token_id < vocab_size:
+                rows.append(row), ids.append(token_id), growth.append(value)
+    if not rows:
+        return None
+    return (
+        _to_device(rows, torch.int64, device),
+        _to_device(ids, torch.int64, device),
+        _to_device(growth, torch.float32, device),
+    )
+
+
+def _dry(
+    params: list[SamplingParams],
+    output_token_ids: list[list[int]],
+    vocab_size: int,
+    device: torch.device,
+    breakers: np.ndarray | None,
+) -> torch.Tensor | None:
+    """[B, V] DRY penalties, built on the host (a few entries per row) and moved once."""
+    if not any(p.dry_multiplier > 0 for p in params):
+        return None
+    if breakers is None:
+        breakers = np.zeros(vocab_size, dtype=bool)
+    dry = torch.zeros(len(params), vocab_size, dtype=torch.float32)
+    for row, (p, output) in enumerate(zip(params, output_token_ids)):
+        if p.dry_multiplier > 0:
+            found = dry_penalties(output, breakers, p.dry_multiplier, p.dry_base, p.dry_allowed_length)
+            for token_id, value in found.items():
+                if 0 <= token_id < vocab_size:
+                    dry[row, token_id] = value
+    return dry.to(device, non_blocking=False)
 
 
 def _last_tokens(prompt: list[int], output: list[int], last_n: int) -> list[int]:
@@ -181,8 +249,12 @@ class SamplingBatch:
         device: torch.device,
         token_bitmask: torch.Tensor | None = None,
         force_greedy: list[bool] | None = None,
+        dry_breakers: np.ndarray | None = None,
+        eos_token_ids: list[tuple[int, ...]] | None = None,
     ) -> SamplingBatch:
-        """`token_bitmask` (host or device) and `force_greedy` come from the rows' token constraints."""
+        """`token_bitmask` (host or device) and `force_greedy` come from the rows' token constraints;
+        `dry_breakers` ([V] bool) are the tokenizer's DRY sequence breakers, `eos_token_ids` each
+        row's end-of-sequence tokens (for the length decay)."""
         device = torch.device(device)
         num_rows = len(params)
         assert len(prompt_token_ids) == len(output_token_ids) == len(generators) == num_rows
@@ -231,7 +303,9 @@ class SamplingBatch:
             if bias
             else None,
             bias_values=_to_device([b[2] for b in bias], torch.float32, device) if bias else None,
-            penalties=Penalties.build(params, prompt_token_ids, output_token_ids, vocab_size, device)
+            penalties=Penalties.build(
+                params, prompt_token_ids, output_token_ids, vocab_size, device, dry_breakers, eos_token_ids
+            )
             if any(p.has_penalties for p in params)
             else None,
             num_logprobs=[p.logprobs for p in params],

@@ -43,6 +43,15 @@ class SamplingDefaults:
     repetition_last_n: int = 0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # llama.cpp's DRY sampler (engine/dry.py; off at multiplier 0, as in llama.cpp): penalizes the
+    # token that would extend a verbatim repeat within the answer, exponentially in its length.
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    # HF's exponential_decay_length_penalty (start, factor): past `start` generated tokens the
+    # end-of-sequence logit grows by the factor each step, so an answer that runs on ends. 1.0: off.
+    length_decay_start: int = 0
+    length_decay_factor: float = 1.0
     sources: tuple[tuple[str, str], ...] = ()  # (parameter, source) of every parameter set
 
     def values(self) -> dict[str, float | int]:
@@ -63,7 +72,7 @@ class SamplingDefaults:
 
 
 PARAMETERS = tuple(f.name for f in fields(SamplingDefaults) if f.name != "sources")
-_INTS = {"top_k", "repetition_last_n"}
+_INTS = {"top_k", "repetition_last_n", "dry_allowed_length", "length_decay_start"}
 
 LLAMA_CPP_SOURCE = "llama.cpp default"
 # llama.cpp's common_params_sampling (common/common.h): the chain a llama-server request gets for
@@ -208,4 +217,9 @@ def _in_range(name: str, value: float) -> bool:
         "repetition_last_n": value >= 0,
         "presence_penalty": -2 <= value <= 2,
         "frequency_penalty": -2 <= value <= 2,
+        "dry_multiplier": 0 <= value <= 10,
+        "dry_base": 1 <= value <= 10,
+        "dry_allowed_length": value >= 1,
+        "length_decay_start": value >= 0,
+        "length_decay_factor": 1 <= value <= 10,
     }[name]

@@ -70,6 +70,14 @@ _DEFAULTED = (
     "frequency_penalty",
     "repetition_penalty",
 )
+# Sampling the APIs have no field for: always the server's defaults (llama.cpp's DRY, HF's length decay).
+_SERVER_ONLY = (
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "length_decay_start",
+    "length_decay_factor",
+)
 
 
 # Issue 4's seam: given the chat request (tools offered? reasoning on?) and its rendered prompt (does
@@ -280,6 +288,7 @@ class ChatService:
         # A window belongs to the default penalty (llama.cpp's penalty_last_n); a request's own
         # repetition_penalty has vLLM's meaning, over the whole sequence.
         fields["repetition_last_n"] = defaults.repetition_last_n if s.repetition_penalty is None else 0
+        fields |= {name: getattr(defaults, name) for name in _SERVER_ONLY}
         fields |= {"seed": s.seed, "logprobs": s.logprobs}
         given = {k: v for k, v in fields.items() if v is not None}
         try:

@@ -162,19 +162,27 @@ async def test_sampling_defaults_fill_only_what_a_request_leaves_out() -> None:
 
     engine = FakeEngine(reply("ok"))
     defaults = resolve_sampling_defaults(
-        "auto", preset={"temperature": 0.2, "repetition_penalty": 1.1, "repetition_last_n": 64}
+        "auto",
+        preset={
+            "temperature": 0.2,
+            "repetition_penalty": 1.1,
+            "repetition_last_n": 64,
+            "dry_multiplier": 0.8,
+        },
     )
     service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", sampling_defaults=defaults)
     await _events(service, _chat())
     first = engine.requests[-1][1]
     assert (first.temperature, first.top_k, first.top_p, first.min_p) == (0.2, 40, 0.95, 0.05)
     assert (first.repetition_penalty, first.repetition_last_n) == (1.1, 64)
+    assert (first.dry_multiplier, first.dry_base, first.dry_allowed_length) == (0.8, 1.75, 2)
     sent = SamplingOptions(temperature=0.7, top_k=5, top_p=0.5, min_p=0.0, repetition_penalty=1.3)
     await _events(service, _chat(sampling=sent))
     mine = engine.requests[-1][1]
     assert (mine.temperature, mine.top_k, mine.top_p, mine.min_p) == (0.7, 5, 0.5, 0.0)
     # A request's own penalty has vLLM's meaning (the whole sequence), not the default's window.
     assert (mine.repetition_penalty, mine.repetition_last_n) == (1.3, 0)
+    assert mine.dry_multiplier == 0.8  # no API has a field for DRY: always the server's
     await _events(_service(engine), _chat())  # no defaults: the APIs' own
     neutral = engine.requests[-1][1]
     assert (neutral.temperature, neutral.top_k, neutral.top_p, neutral.min_p) == (1.0, 0, 1.0, 0.0)

@@ -10,8 +10,8 @@ from tests.e2e.client_fixtures import serve_model
 
 
 @pytest.fixture(scope="module")
-def smollm2_32k_url() -> Iterator[str]:
-    """The default model served in this process with `--ctx 32768` (what `make serve` runs): one per
+def smollm2_16k_url() -> Iterator[str]:
+    """The default model served in this process with `--ctx 16384` (what `make serve` runs): one per
     test file, so the two long client fixtures, a file each, prefill on two test workers at once."""
-    with serve_model("smollm2", 32768) as url:
+    with serve_model("smollm2", 16384) as url:
         yield url

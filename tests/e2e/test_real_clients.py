@@ -139,7 +139,7 @@ def codex_config(base_url: str, codex_home: Path, slim: bool = False) -> str:
     # prefill, which kvserve keeps alive with response.in_progress events.
     return f"""model = "smollm2"
 model_provider = "kvserve"
-model_context_window = 32768
+model_context_window = {make_serve_args()[1]}
 approval_policy = "never"
 sandbox_mode = "read-only"
 check_for_update_on_startup = false

@@ -32,6 +32,7 @@ def _run(
     dtype: torch.dtype,
     device: str = "cpu",
     backend: AttentionBackend | None = None,
+    computes_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """batch: (context_len, num_new) per sequence; the leading one-token entries form the decode group.
     Earlier steps' KV is written by the reference backend; `backend` writes this step's and attends."""
@@ -70,6 +71,7 @@ def _run(
         query_start_loc_cpu=starts,
         seq_lens_cpu=seq_lens,
         context_lens_cpu=[c for c, _ in batch],
+        computes_prompt=computes_prompt,
     )
     if device != "cpu":
         cache = cache.to(device)
@@ -114,3 +116,90 @@ def test_matches_dense_cuda(window: int | None, dtype: torch.dtype) -> None:
     out, expected = _run(BATCHES["mixed"], window, dtype, device="cuda")
     tol = 1e-3 if dtype == torch.float32 else 2e-2  # fp32 matmuls may use TF32 on CUDA
     torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
+def test_bf16_prefill_attention_matches_dense(batch: list[tuple[int, int]], window: int | None) -> None:
+    """--bf16-prefill's attention: fp32 engine, prompt rows attended in bf16 (all rows, one-token
+    prompt tails included, since a prompt forward holds only prompt rows)."""
+    backend = TorchRefBackend(prefill_dtype=torch.bfloat16)
+    out, expected = _run(batch, window, torch.float32, backend=backend, computes_prompt=True)
+    torch.testing.assert_close(out, expected, atol=3e-2, rtol=3e-2)
+    assert not torch.equal(out, _run(batch, window, torch.float32)[0])  # it did run in bf16
+
+
+@pytest.mark.parametrize("prefill_dtype", [None, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16], ids=["kv32", "kv16"])
+def test_prompt_rows_do_not_depend_on_chunking(
+    prefill_dtype: torch.dtype | None, cache_dtype: torch.dtype
+) -> None:
+    """One 40-token prompt in one forward, in 17 + 23, and in 39 + 1 (a one-token tail, which a
+    prompt forward attends as a prefill under prefill_dtype): every row reads the same keys as
+    stored. torch's CPU flash kernel is not bit-exact across key counts (a few rows differ in their
+    last bit: 1.8e-7 in fp32, one bf16 ulp), as before grouped heads were folded; the engine tests
+    check that the tokens do not change (tests/e2e/test_engine_real.py)."""
+    gen = torch.Generator().manual_seed(3)
+    n = 40
+    q = torch.randn(n, NUM_HEADS, HEAD_DIM, generator=gen)
+    k = torch.randn(n, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    v = torch.randn(n, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    whole = _prompt_chunks(q, k, v, [n], cache_dtype, prefill_dtype)
+    ulp = 2**-7 if prefill_dtype == torch.bfloat16 else 2**-22
+    for cuts in ([17, 23], [39, 1]):
+        torch.testing.assert_close(
+            _prompt_chunks(q, k, v, cuts, cache_dtype, prefill_dtype), whole, atol=ulp * 4, rtol=ulp
+        )
+
+
+def test_grouped_heads_are_folded_into_queries_with_the_bits_of_repeated_kv() -> None:
+    """Folding a KV head's query heads into its query rows (no repeat_interleave of K and V) gives
+    exactly what SDPA over repeated K/V gives, so KV computed before the change stays valid."""
+    gen = torch.Generator().manual_seed(5)
+    n = 40
+    q = torch.randn(n, NUM_HEADS, HEAD_DIM, generator=gen)
+    k = torch.randn(n, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    v = torch.randn(n, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    group = NUM_HEADS // NUM_KV_HEADS
+    k_rep, v_rep = (t.repeat_interleave(group, dim=1).transpose(0, 1)[None] for t in (k, v))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k_rep, v_rep, is_causal=True, scale=HEAD_DIM**-0.5
+    )[0].transpose(0, 1)
+    assert torch.equal(_prompt_chunks(q, k, v, [n], torch.float32, None), expected)
+
+
+def _prompt_chunks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    chunks: list[int],
+    cache_dtype: torch.dtype,
+    prefill_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """The attention output of every row of one prompt, computed in forwards of `chunks` tokens."""
+    backend = TorchRefBackend(prefill_dtype=prefill_dtype)
+    cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype=cache_dtype)
+    table = torch.arange(-(-q.shape[0] // BLOCK_SIZE))[None, :] + 5
+    outputs, start = [], 0
+    for size in chunks:
+        end = start + size
+        slots = torch.tensor(
+            [int(table[0, p // BLOCK_SIZE]) * BLOCK_SIZE + p % BLOCK_SIZE for p in range(start, end)]
+        )
+        metadata = AttentionMetadata(
+            block_size=BLOCK_SIZE,
+            num_decodes=1 if size == 1 else 0,
+            slot_mapping=slots,
+            block_tables=table,
+            seq_lens=torch.tensor([end]),
+            query_start_loc_cpu=[0, size],
+            seq_lens_cpu=[end],
+            context_lens_cpu=[start],
+            computes_prompt=True,
+        )
+        backend.write_kv(cache, k[start:end], v[start:end], slots)
+        outputs.append(
+            backend.attend(q[start:end], k[start:end], v[start:end], cache, metadata, scale=HEAD_DIM**-0.5)
+        )
+        start = end
+    return torch.cat(outputs)

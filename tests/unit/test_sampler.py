@@ -333,3 +333,37 @@ def test_masked_logprobs_report_the_constrained_distribution():
     output = Sampler()(logits, batch)
     assert output.sampled_token_ids.tolist() == [2]
     assert math.isclose(output.logprobs[0].logprob, math.log(0.5), abs_tol=1e-6)
+
+
+def test_length_decay_raises_eos_as_transformers_exponential_decay_length_penalty():
+    from transformers.generation.logits_process import ExponentialDecayLengthPenalty
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 12) * 4
+    params = [
+        SamplingParams(length_decay_start=3, length_decay_factor=1.5),
+        SamplingParams(length_decay_start=3, length_decay_factor=1.5),  # not past the start yet
+        SamplingParams(length_decay_start=3, length_decay_factor=1.5, ignore_eos=True),
+    ]
+    prompts, outputs = [[1, 2], [1, 2], [1, 2]], [[4, 4, 5, 6, 8], [4, 4, 5], [4, 4, 5, 6, 8]]
+    eos = [(7, 9), (7, 9), (7, 9)]
+    processed = Penalties.build(params, prompts, outputs, 12, CPU, eos_token_ids=eos).apply(logits)
+    hf = ExponentialDecayLengthPenalty((3, 1.5), [7, 9], input_ids_seq_length=2)
+    expected = hf(torch.tensor([prompts[0] + outputs[0]]), logits[:1].clone())
+    torch.testing.assert_close(processed[0], expected[0])
+    assert not torch.equal(processed[0], logits[0])
+    assert torch.equal(processed[1:], logits[1:])  # before the start, and with ignore_eos: untouched
+
+
+def test_length_decay_ends_a_greedy_answer_that_runs_on():
+    logits = torch.tensor([[5.0, -1.0, 0.0]])  # token 1 is EOS, far behind
+    params = [SamplingParams(temperature=0, length_decay_start=10, length_decay_factor=1.1)]
+    eos = [(1,)]
+    sampler = Sampler()
+    chosen = []
+    for n in range(10, 120):
+        batch = SamplingBatch.build(params, [[0]], [[0] * n], [None], 3, CPU, eos_token_ids=eos)
+        chosen.append(sampler(logits, batch).sampled_token_ids.item())
+    first_eos = chosen.index(1) + 10
+    # -1 + 1 * (1.1 ** k - 1) > 5 once 1.1 ** k > 7: k = 21 tokens past the start
+    assert first_eos == 10 + 21

@@ -18,6 +18,8 @@ from kvserve.engine.sampling_params import SamplingParams, SamplingParamsError
         {"presence_penalty": 3.0},
         {"repetition_penalty": 0.0},
         {"repetition_last_n": -1},
+        {"length_decay_factor": 0.5},
+        {"dry_base": 0.9},
         {"max_tokens": 0},
         {"logprobs": 21},
         {"logit_bias": ((5, float("inf")),)},

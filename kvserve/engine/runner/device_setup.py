@@ -25,8 +25,14 @@ def triton_available() -> bool:
     return True
 
 
-def select_attention_backend(model: torch.nn.Module, device: torch.device, name: AttentionBackendName) -> str:
-    """Install the backend on every attention layer (idempotent); returns its name."""
+def select_attention_backend(
+    model: torch.nn.Module,
+    device: torch.device,
+    name: AttentionBackendName,
+    prefill_dtype: torch.dtype | None = None,
+) -> str:
+    """Install the backend on every attention layer (idempotent); returns its name. `prefill_dtype`:
+    the torch backend's dtype for prompt rows (bf16 under --bf16-prefill; None: the model's)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" and triton_available() else "torch_ref"
     if name == "triton":
@@ -38,9 +44,9 @@ def select_attention_backend(model: torch.nn.Module, device: torch.device, name:
     else:
         from kvserve.models.layers.attention.torch_ref import TorchRefBackend
 
-        backend = TorchRefBackend()
+        backend = TorchRefBackend(prefill_dtype)
     current = getattr(model, "attention_backend_name", None)
-    if current != name:
+    if current != name or prefill_dtype is not None:
         model.set_attention_backend(backend)
     return name
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from kvserve.config import AttentionBackendName
+from kvserve.engine.dry import breaker_mask
 from kvserve.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutput
 from kvserve.engine.request import Logprob, Request
 from kvserve.engine.runner.batch import build_model_inputs
@@ -51,18 +52,23 @@ class ModelRunner:
         enforce_eager: bool = False,
         max_num_seqs: int = 1,
         max_model_len: int = 0,
+        prefill_attention_dtype: torch.dtype | None = None,
     ):
         self.model = loaded.model
         self.device = device
         self.block_size = block_size
         self.vocab_size = loaded.arch.vocab_size
-        self.attention_backend = select_attention_backend(self.model, device, attention_backend)
+        self.attention_backend = select_attention_backend(
+            self.model, device, attention_backend, prefill_attention_dtype
+        )
         num_layers, num_kv_heads, head_dim = self.model.kv_cache_spec()
         # [2, num_blocks, block_size, num_kv_heads, head_dim] per layer: K then V.
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
         self.kv_caches = [_zeros(shape, kv_dtype, device) for _ in range(num_layers)]
         self.model.bind_kv_caches(self.kv_caches)
         self.sampler = Sampler()
+        self._tokenizer = loaded.tokenizer.tokenizer
+        self._dry_breakers: np.ndarray | None = None  # built at the first DRY row (~0.2 s)
         self._generators: dict[str, torch.Generator | None] = {}
         self._pending_buffers = PendingTokensBuffers(max_num_seqs, device)
         # Low-bit decode copies (--weight-quant, CPU): decode rows of a step that also computes prompt
@@ -113,6 +119,10 @@ class ModelRunner:
             device=self.device,
             token_bitmask=masks.bitmask,
             force_greedy=masks.force_greedy,
+            dry_breakers=self._breakers()
+            if any(r.sampling_params.dry_multiplier for r in requests)
+            else None,
+            eos_token_ids=[r.eos_token_ids for r in requests],
         )
         sampled = self.sampler(logits, batch)
         token_ids = sampled.sampled_token_ids.tolist()  # the one host sync of a step
@@ -226,6 +236,14 @@ class ModelRunner:
         """Forget per-request sampling state (seeded generators) of finished requests."""
         for request_id in request_ids:
             self._generators.pop(request_id, None)
+
+    def _breakers(self) -> np.ndarray:
+        """DRY's sequence-breaker tokens of this vocabulary (rows past the tokenizer's: none)."""
+        if self._dry_breakers is None:
+            texts = self._tokenizer.batch_decode([[i] for i in range(len(self._tokenizer))])
+            mask = breaker_mask(texts)
+            self._dry_breakers = np.pad(mask, (0, max(0, self.vocab_size - len(mask))))
+        return self._dry_breakers
 
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
         # Created once per request so a seeded request's draws continue across steps.

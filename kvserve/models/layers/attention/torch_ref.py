@@ -11,6 +11,13 @@ token per step (the gather moved about twice the KV bytes SDPA reads).
 
 The cache may hold fp16 under fp32 compute (the CPU default): every read widens it to the
 queries' dtype, and a prefill without context attends over its own KV as stored (kv_dtype.py).
+
+`prefill_dtype` (bf16 under an fp32 engine with --bf16-prefill, on CPUs with AVX512-BF16 or AMX)
+runs the prompt rows' attention in that dtype, where torch's CPU flash kernel uses the bf16 dot
+products; a forward that computes prompt tokens then attends every row as a prefill, one-token
+prompt tails included, so a prompt's KV does not depend on how it was chunked. Grouped KV heads
+are read as they are stored: the query heads of a group become extra query rows (no
+repeat_interleave of the keys and values).
 """
 
 from __future__ import annotations
@@ -55,18 +62,21 @@ class _Plan:
     decode: _DecodePlan | None
     prefills: tuple[_PrefillPlan, ...]
     workspace: _WorkspacePlan | None = None
+    all_prefill: bool = False  # every row attends as a prefill (prefill_dtype in a prompt forward)
 
 
 class TorchRefBackend:
     name = "torch_ref"
 
-    def __init__(self) -> None:
+    def __init__(self, prefill_dtype: torch.dtype | None = None) -> None:
+        self.prefill_dtype = prefill_dtype
         # Memo of the last batch's plans, one per window size; layers of one forward share them.
         # NOTE: keyed on the metadata object's identity, so metadata must not be mutated in place.
         self._plan_metadata: AttentionMetadata | None = None
         self._plans: dict[int | None, _Plan] = {}
         self.workspace = DecodeWorkspace()
         self._rows: RowPlan | None = None  # this forward's workspace rows; None: gather from the pool
+        self._folded_masks: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}  # this forward's
 
     def write_kv(
         self, cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
@@ -87,6 +97,9 @@ class TorchRefBackend:
         sliding_window: int | None = None,
     ) -> torch.Tensor:
         plan = self._plan(metadata, sliding_window, cache, q.dtype)
+        if plan.all_prefill:
+            outputs = [self._attend_prefill(q, k, v, cache, prefill, scale) for prefill in plan.prefills]
+            return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
         outputs: list[torch.Tensor] = []
         num_decodes = metadata.num_decodes
         buffer = None
@@ -102,16 +115,43 @@ class TorchRefBackend:
             decode = plan.decode or _plan_decode(metadata, sliding_window)  # a layer over the budget
             outputs.append(_attend_decode(q[:num_decodes], cache, decode, scale))
         for prefill in plan.prefills:
-            outputs.append(_attend_prefill(q, k, v, cache, prefill, scale))
+            outputs.append(self._attend_prefill(q, k, v, cache, prefill, scale))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    def _attend_prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: torch.Tensor,
+        plan: _PrefillPlan,
+        scale: float,
+    ) -> torch.Tensor:
+        dtype = self.prefill_dtype or q.dtype
+        group = q.shape[1] // k.shape[1]
+        mask = None
+        if plan.mask is not None or plan.block_ids is not None or group > 1:
+            key = (id(plan), group, dtype)
+            mask = self._folded_masks.get(key)
+            if mask is None:
+                mask = self._folded_masks[key] = _folded_mask(plan, group, dtype)
+        return _attend_prefill(q, k, v, cache, plan, scale, dtype, mask)
 
     def _plan(
         self, metadata: AttentionMetadata, window: int | None, cache: torch.Tensor, dtype: torch.dtype
     ) -> _Plan:
+        all_prefill = self.prefill_dtype is not None and metadata.computes_prompt
         if self._plan_metadata is not metadata:
-            self._plan_metadata, self._plans = metadata, {}
-            self._rows = self._plan_rows(metadata, cache)
+            self._plan_metadata, self._plans, self._folded_masks = metadata, {}, {}
+            if all_prefill:
+                self.workspace.forget()  # as any forward without decode rows
+                self._rows = None
+            else:
+                self._rows = self._plan_rows(metadata, cache)
         plan = self._plans.get(window)
+        if plan is None and all_prefill:
+            prefills = tuple(_plan_prefill(metadata, i, window) for i in range(metadata.num_seqs))
+            plan = self._plans[window] = _Plan(None, prefills, all_prefill=True)
         if plan is None:
             workspace = None
             if self._rows is not None:
@@ -227,25 +267,51 @@ def _attend_workspace(
     return out.reshape(num_decodes, num_heads, head_dim).to(dtype)
 
 
+def _folded_mask(plan: _PrefillPlan, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """[group * num_queries, num_keys] additive mask (0 / -inf) in `dtype` for the folded queries
+    (row g * num_queries + i is query i of group member g); built once per forward and shared by
+    every layer, so SDPA converts no boolean mask per call."""
+    visible = plan.mask
+    if visible is None:  # a fresh prompt without a window: plain causal over its own keys
+        n = plan.query_end - plan.query_start
+        visible = torch.ones(n, n, dtype=torch.bool).tril_()
+    additive = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+    return additive.repeat(group, 1) if group > 1 else additive
+
+
 def _attend_prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, plan: _PrefillPlan, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    plan: _PrefillPlan,
+    scale: float,
+    dtype: torch.dtype,
+    mask: torch.Tensor | None,
 ) -> torch.Tensor:
-    q_seq = q[plan.query_start : plan.query_end].transpose(0, 1)  # [num_heads, num_queries, head_dim]
+    """One sequence's prompt rows in `dtype`; `mask` (from `_folded_mask`) is None only for a fresh,
+    unwindowed prompt without grouped heads (plain causal)."""
+    num_queries = plan.query_end - plan.query_start
     if plan.block_ids is None:
         k_seq = as_stored(k[plan.query_start : plan.query_end], cache.dtype).transpose(0, 1)  # [kvh, keys, d]
         v_seq = as_stored(v[plan.query_start : plan.query_end], cache.dtype).transpose(0, 1)
     else:
         kv = cache.index_select(1, plan.block_ids).flatten(1, 2)[:, : plan.num_keys]  # [2, num_keys, kvh, d]
-        kv = kv.transpose(1, 2).to(q.dtype)  # [2, num_kv_heads, num_keys, head_dim]
+        kv = kv.transpose(1, 2)  # [2, num_kv_heads, num_keys, head_dim]
         k_seq, v_seq = kv[0], kv[1]
-    # Expand KV heads rather than pass enable_gqa: with it, CPU SDPA falls back to the math
-    # kernel, which materializes [heads, queries, keys] scores (10x slower at 2K tokens).
-    group = q_seq.shape[0] // k_seq.shape[0]
-    if group > 1:
-        k_seq, v_seq = k_seq.repeat_interleave(group, dim=0), v_seq.repeat_interleave(group, dim=0)
-    is_causal = plan.mask is None and plan.block_ids is None
+    k_seq, v_seq = k_seq.to(dtype), v_seq.to(dtype)
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_seq.shape[0]
+    group = num_heads // num_kv_heads
+    # Grouped heads without copying KV: the `group` query heads of a KV head become group * num_queries
+    # query rows of that head, under the mask repeated per member (CPU SDPA's enable_gqa falls back to
+    # the math kernel, which materializes [heads, queries, keys] scores).
+    q_seq = q[plan.query_start : plan.query_end].to(dtype)  # [num_queries, num_heads, head_dim]
+    q_seq = q_seq.view(num_queries, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    q_seq = q_seq.reshape(num_kv_heads, group * num_queries, head_dim)
     # 4-D inputs: CPU SDPA only takes its flash kernel for [batch, heads, len, dim].
     out = F.scaled_dot_product_attention(
-        q_seq[None], k_seq[None], v_seq[None], attn_mask=plan.mask, is_causal=is_causal, scale=scale
-    )[0]
-    return out.transpose(0, 1)  # [num_queries, num_heads, head_dim]
+        q_seq[None], k_seq[None], v_seq[None], attn_mask=mask, is_causal=mask is None, scale=scale
+    )[0]  # [num_kv_heads, group * num_queries, head_dim]
+    out = out.view(num_kv_heads, group, num_queries, head_dim).permute(2, 0, 1, 3)
+    return out.reshape(num_queries, num_heads, head_dim).to(q.dtype)
