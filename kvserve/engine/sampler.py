@@ -11,6 +11,7 @@ also make a row greedy for one step (structural bytes of a tool call).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,8 +149,8 @@ class Penalties:
         return logits
 
 
-# factor ** steps overflows float32 past ~88 / ln(factor) steps; EOS has won long before.
-_MAX_DECAY_STEPS = 2000
+# The growth is capped where float32 still holds it (|logit| * 1e30); EOS has won long before.
+_MAX_DECAY_LOG = math.log(1e30)
 
 
 def _eos_boost(
@@ -159,14 +160,17 @@ def _eos_boost(
     vocab_size: int,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Where the length decay raises EOS this step. A row whose logit_bias sets an EOS token keeps the
+    client's choice for that token."""
     rows, ids, growth = [], [], []
     for row, (p, output) in enumerate(zip(params, output_token_ids)):
         past = len(output) - p.length_decay_start
         if p.length_decay_factor <= 1 or p.ignore_eos or past <= 0 or eos_token_ids is None:
             continue
-        value = min(p.length_decay_factor ** min(past, _MAX_DECAY_STEPS) - 1, 1e30)
+        value = math.exp(min(past * math.log(p.length_decay_factor), _MAX_DECAY_LOG)) - 1
+        biased = {token_id for token_id, _ in p.logit_bias}
         for token_id in eos_token_ids[row]:
-            if 0 <= token_id < vocab_size:
+            if 0 <= token_id < vocab_size and token_id not in biased:
                 rows.append(row), ids.append(token_id), growth.append(value)
     if not rows:
         return None

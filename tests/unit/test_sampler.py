@@ -367,3 +367,15 @@ def test_length_decay_ends_a_greedy_answer_that_runs_on():
     first_eos = chosen.index(1) + 10
     # -1 + 1 * (1.1 ** k - 1) > 5 once 1.1 ** k > 7: k = 21 tokens past the start
     assert first_eos == 10 + 21
+
+
+def test_length_decay_never_overflows_and_leaves_a_client_biased_eos_alone():
+    logits = torch.tensor([[1.0, -2.0, 0.0], [1.0, -2.0, 0.0]])
+    params = [
+        SamplingParams(length_decay_start=0, length_decay_factor=10.0),  # 10 ** 5000 in Python floats
+        SamplingParams(length_decay_start=0, length_decay_factor=10.0, logit_bias=((1, -100.0),)),
+    ]
+    outputs = [[0] * 5000, [0] * 5000]
+    processed = Penalties.build(params, [[0], [0]], outputs, 3, CPU, eos_token_ids=[(1,), (1,)]).apply(logits)
+    assert torch.isfinite(processed).all() and processed[0, 1] > 1e20
+    assert torch.equal(processed[1], logits[1])
