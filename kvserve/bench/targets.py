@@ -58,7 +58,10 @@ def launch_targets(names: list[str], options: LaunchOptions) -> list[Target]:
         if name in _LLAMA_KINDS:
             targets.append(Target(name, spec=_llama_spec(name, options)))
             continue
-        extra = tuple(shlex.split(options.kvserve_args))
+        # The peers' sampling: the benchmark requests send temperature 0 and llama-server adds no
+        # penalty of its own; kvserve's preset for its default model would add a repetition penalty
+        # and DRY to every step. The user's --kvserve-args come after, so they can put them back.
+        extra = ("--generation-config", "none", *shlex.split(options.kvserve_args))
         if name == "kvserve-no-kv-cache":
             extra += ("--no-kv-cache",)
         spec = ServerSpec(

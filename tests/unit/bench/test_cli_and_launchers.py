@@ -39,6 +39,8 @@ def test_kvserve_commands_pass_extra_flags_through() -> None:
     assert cmd[1:4] == ["-m", "kvserve", "serve"]
     assert ["--ctx", "8192"] == cmd[cmd.index("--ctx") : cmd.index("--ctx") + 2]
     assert "--max-num-seqs" in cmd and cmd[-4:] == ["--weight-quant", "int4", "--dtype", "bfloat16"]
+    # Sampled as the peer samples: no preset penalties (the flags after it may bring them back).
+    assert ["--generation-config", "none"] == cmd[cmd.index("--generation-config") :][:2]
     assert no_cache.spec.command(8123)[-1] == "--no-kv-cache"
     assert plain.rules.require_usage and plain.spec.env()["OMP_NUM_THREADS"]
     with pytest.raises(ValueError, match="unknown target"):
