@@ -14,6 +14,7 @@ Both engines are built in this process and prefill the same random prompt in tur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import tempfile
@@ -58,6 +59,8 @@ def main() -> None:
         help="a folder of tokenizer files (the engine loads one; "
         "e.g. AutoTokenizer.from_pretrained(dir, gguf_file=SmolLM2's GGUF).save_pretrained(folder))",
     )
+    parser.add_argument("--configs", default="before,after")
+    parser.add_argument("--profile", action="store_true", help="the last round under torch.profiler: top ops")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -66,7 +69,7 @@ def main() -> None:
     for item in args.tokenizer.iterdir():
         if item.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(item, folder / item.name)
-    engines = {name: _engine(folder, args.tokens) for name in ("before", "after")}
+    engines = {name: _engine(folder, args.tokens) for name in args.configs.split(",")}
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     for repeat in range(args.repeats):
         # A fresh prompt per repeat (the same for both engines): a repeat must not hit the prefix cache.
@@ -77,13 +80,20 @@ def main() -> None:
                 request = engine.make_request(
                     f"{name}-{repeat}", prompt.tolist(), SamplingParams(temperature=0.0, max_tokens=1)
                 )
+                profiling = args.profile and repeat == args.repeats - 1
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 started = time.perf_counter()
-                engine.generate([request])
+                with profiler if profiling else contextlib.nullcontext():
+                    engine.generate([request])
                 seconds[name].append(time.perf_counter() - started)
+                if profiling:
+                    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
             print(
                 f"{name}: {seconds[name][-1]:.2f} s ({args.tokens / seconds[name][-1]:.1f} tok/s)", flush=True
             )
     best = {name: min(values) for name, values in seconds.items()}
+    if len(best) < 2:
+        return
     print(
         f"{args.tokens} tokens, {args.threads} threads: before {best['before']:.2f} s, after {best['after']:.2f} s, "
         f"{best['before'] / best['after']:.2f}x"
