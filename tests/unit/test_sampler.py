@@ -379,3 +379,26 @@ def test_length_decay_never_overflows_and_leaves_a_client_biased_eos_alone():
     processed = Penalties.build(params, [[0], [0]], outputs, 3, CPU, eos_token_ids=[(1,), (1,)]).apply(logits)
     assert torch.isfinite(processed).all() and processed[0, 1] > 1e20
     assert torch.equal(processed[1], logits[1])
+
+
+def test_top_p_within_top_k_equals_the_full_sort():
+    """With a top-k on every sampled row, top-p reads only the top max_k (a partial topk, not a
+    sort of the vocabulary): the same tokens, the same seeded draws; greedy rows mixed in."""
+    torch.manual_seed(1)
+    logits = torch.randn(4, 500) * 3
+    params = [
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1),
+        SamplingParams(temperature=1.0, top_k=7, top_p=0.5, seed=2),
+        GREEDY,
+        SamplingParams(temperature=0.2, top_k=40, top_p=0.9, seed=3),
+    ]
+    fast = _batch(params, 500, generators=[make_generator(p.seed, CPU) for p in params])
+    assert fast.top_k_bounds_all
+    slow = _batch(params, 500, generators=[make_generator(p.seed, CPU) for p in params])
+    slow.top_k_bounds_all = False
+    for _ in range(5):
+        assert torch.equal(
+            Sampler()(logits, fast).sampled_token_ids, Sampler()(logits, slow).sampled_token_ids
+        )
+    without_k = [SamplingParams(temperature=0.8, top_p=0.9), params[0]]
+    assert not _batch(without_k, 500).top_k_bounds_all

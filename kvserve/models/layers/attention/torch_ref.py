@@ -130,7 +130,7 @@ class TorchRefBackend:
         dtype = self.prefill_dtype or q.dtype
         group = q.shape[1] // k.shape[1]
         mask = None
-        if plan.mask is not None or plan.block_ids is not None or group > 1:
+        if plan.mask is not None or group > 1:  # (a plan that reads cached blocks always has a mask)
             key = (id(plan), group, dtype)
             mask = self._folded_masks.get(key)
             if mask is None:
