@@ -183,6 +183,12 @@ async def test_sampling_defaults_fill_only_what_a_request_leaves_out() -> None:
     # A request's own penalty has vLLM's meaning (the whole sequence), not the default's window.
     assert (mine.repetition_penalty, mine.repetition_last_n) == (1.3, 0)
     assert mine.dry_multiplier == 0.8  # no API has a field for DRY: always the server's
+    # A request that asks for greedy gets the plain argmax: no default penalty of any kind.
+    await _events(service, _chat(sampling=SamplingOptions(temperature=0.0)))
+    greedy = engine.requests[-1][1]
+    assert greedy.is_greedy and not greedy.has_penalties
+    await _events(service, _chat(sampling=SamplingOptions(temperature=0.0, repetition_penalty=1.2)))
+    assert engine.requests[-1][1].repetition_penalty == 1.2  # unless it sends one itself
     await _events(_service(engine), _chat())  # no defaults: the APIs' own
     neutral = engine.requests[-1][1]
     assert (neutral.temperature, neutral.top_k, neutral.top_p, neutral.min_p) == (1.0, 0, 1.0, 0.0)
