@@ -52,10 +52,10 @@ class EngineCore:
         block_size = config.cache.block_size
         # KV computed with quantized weights differs from dense KV: never share blocks between them.
         # So does KV prefilled on other weights than the dense fp32 ones.
-        # (":bf16-prefill-attn": bf16 prefill attention came later; KV from before it is not reused.)
-        prefill = (
-            ":int8-prefill" if config.int8_prefill else ":bf16-prefill-attn" if config.bf16_prefill else ""
-        )
+        # The label names the arithmetic (bf16 GEMMs, attention and MLP activation), so KV from a
+        # build that prefilled with other bf16 arithmetic is never reused.
+        bf16 = ":bf16-prefill-attn-mlp"
+        prefill = ":int8-prefill" if config.int8_prefill else bf16 if config.bf16_prefill else ""
         # And KV held in another dtype than the compute (fp16 under fp32) is rounded KV.
         kv = f":kv-{config.cache.kv_dtype}" if config.cache.kv_dtype != config.dtype else ""
         self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}{prefill}{kv}"

@@ -64,6 +64,40 @@ def test_bf16_prefill_keeps_fp32_decode_and_runs_prompt_batches_in_bf16(scheme: 
     assert not torch.equal(out, plain(large))  # the bf16 GEMM really ran
 
 
+def test_bf16_prefill_gate_up_keeps_its_bf16_output_for_down_proj() -> None:
+    """Under bf16_prefill the MLP stays in bf16 between its GEMMs: gate/up hands its bf16 output on
+    as it is (for prompt batches only), down_proj takes bf16 in and gives the residual stream fp32,
+    and every apply_weight_quant'ed model wires it so (only gate_up_proj keeps bf16)."""
+    from torch import nn
+
+    from kvserve.models.common import MLP
+    from kvserve.models.config import ModelArchConfig
+    from kvserve.models.layers.quant import apply_weight_quant
+
+    torch.manual_seed(0)
+    arch = ModelArchConfig(
+        architecture="llama", vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e4,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    mlp = MLP(arch)
+    for p in mlp.parameters():
+        nn.init.normal_(p, std=0.05)
+    x = torch.randn(20, 64)  # > max_quant_rows: the dense path
+    gate_up, down = mlp.gate_up_proj.weight.detach().clone(), mlp.down_proj.weight.detach().clone()
+    holder = nn.Module()
+    holder.mlp = mlp
+    apply_weight_quant(holder, "int4", quantize_head=False, bf16_prefill=True)
+    assert mlp.gate_up_proj.keep_prefill_dtype and not mlp.down_proj.keep_prefill_dtype
+    hidden = mlp.gate_up_proj(x)
+    assert hidden.dtype == torch.bfloat16
+    out = mlp(x)
+    g, u = torch.nn.functional.linear(x.bfloat16(), gate_up.bfloat16()).chunk(2, dim=-1)
+    expected = torch.nn.functional.linear(torch.nn.functional.silu(g) * u, down.bfloat16()).float()
+    assert out.dtype == torch.float32 and torch.equal(out, expected)
+    assert mlp.down_proj(x[:3, :48].repeat(1, 2)).dtype == torch.float32  # decode rows: fp32 kernel
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_dense_rows_do_not_depend_on_how_many_come_together(dtype: torch.dtype) -> None:
     """A prompt's few-token tail (after a prefix hit) must get the bits the same tokens get inside a
@@ -75,7 +109,7 @@ def test_dense_rows_do_not_depend_on_how_many_come_together(dtype: torch.dtype) 
     weight = torch.randn(1536, 576, generator=gen).to(dtype)
     bias = torch.randn(1536, generator=gen).to(dtype)
     x = torch.randn(64, 576, generator=gen)
-    full = _dense_rows(x, weight, bias)
+    full = _dense_rows(x, weight, bias, x.dtype)
     assert full.dtype == x.dtype
     for rows in (1, 2, 3, 15, 16, 17, 40):
-        assert torch.equal(_dense_rows(x[:rows], weight, bias), full[:rows]), rows
+        assert torch.equal(_dense_rows(x[:rows], weight, bias, x.dtype), full[:rows]), rows

@@ -46,6 +46,7 @@ class WeightOnlyLinear(nn.Module):
         int8_prefill: bool = False,
         prompt_dense: bool = True,
         bf16_prefill: bool = False,
+        keep_prefill_dtype: bool = False,
     ) -> None:
         super().__init__()
         assert weight.dtype in (torch.bfloat16, torch.float32) and weight.device.type == "cpu", "CPU only"
@@ -53,6 +54,10 @@ class WeightOnlyLinear(nn.Module):
         self.weight = weight  # [out, in] dense, for prefill-sized batches
         self.bias = bias
         self.dense_bias = bias  # the dense path's: bf16 with bf16_prefill
+        self.out_dtype = weight.dtype  # of every path's output, unless keep_prefill_dtype
+        # bf16_prefill: prompt batches return the dense GEMM's bf16 output as it is (the MLP's gate/up,
+        # whose only readers are the gated activation and down_proj's bf16 GEMM).
+        self.keep_prefill_dtype = False
         self.scheme = scheme
         # fp32 kernel only: False keeps activations in fp32 (the LM head's argmax is sensitive).
         self.quantize_input = quantize_input
@@ -84,6 +89,7 @@ class WeightOnlyLinear(nn.Module):
             # RAM; decode keeps the low-bit kernels above, which beat torch's bf16 ones ~2x.
             self.weight = weight.to(torch.bfloat16)
             self.dense_bias = None if bias is None else bias.to(torch.bfloat16)
+            self.keep_prefill_dtype = keep_prefill_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A step that computes prompt tokens runs on the dense weights (or --int8-prefill's GEMM) at
@@ -95,7 +101,8 @@ class WeightOnlyLinear(nn.Module):
                 )
                 if out is not None:
                     return out
-            return _dense_rows(x, self.weight, self.dense_bias)
+            out_dtype = self.weight.dtype if self.keep_prefill_dtype else self.out_dtype
+            return _dense_rows(x, self.weight, self.dense_bias, out_dtype)
         if self.bits is not None:
             return lowbit_cpu.lowbit_linear(
                 x, self.qweight, self.scales, self.bits, self.bias,
@@ -135,15 +142,18 @@ class WeightOnlyLinear(nn.Module):
 _MIN_GEMM_ROWS = 16
 
 
-def _dense_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear on the dense weights, each row's bits independent of how many rows come with it:
+def _dense_rows(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """F.linear on the dense weights, output in `out_dtype`, each row's bits independent of how many
+    rows come with it:
     a prompt's tail of a few tokens (after a prefix-cache hit) must give the KV the same tokens get
     inside a larger batch, since int4 decode's int8 activations turn last-bit differences into
     other tokens. Small batches are padded with zero rows to the GEMM's own kernel."""
     rows = x.shape[0]
     if rows < _MIN_GEMM_ROWS:
         x = torch.cat([x, x.new_zeros(_MIN_GEMM_ROWS - rows, x.shape[1])])
-    out = F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+    out = F.linear(x.to(weight.dtype), weight, bias).to(out_dtype)
     return out[:rows] if rows < _MIN_GEMM_ROWS else out
 
 
@@ -197,9 +207,13 @@ def apply_weight_quant(
         if isinstance(child, nn.Linear) and child is not head
     ]
     for parent, name, child in targets:
+        # Under bf16_prefill the gated MLP stays in bf16 between its two GEMMs (activation included):
+        # an fp32 round trip of its 2 x intermediate-wide output would be most of the casts a bf16
+        # prompt batch pays (profiled in docs/benchmarks.md).
         layer = WeightOnlyLinear(
-            child.weight.data, _bias(child), scheme, int8_prefill=int8_prefill, bf16_prefill=bf16_prefill
-        )
+            child.weight.data, _bias(child), scheme, int8_prefill=int8_prefill, bf16_prefill=bf16_prefill,
+            keep_prefill_dtype=name == "gate_up_proj",
+        )  # fmt: skip
         setattr(parent, name, layer)
     if quantize_head and hasattr(model, "head_quant"):
         # The head is the single largest GEMV (vocab x hidden); int8 keeps its logits precise.

