@@ -27,6 +27,11 @@ lscpu > "$OUT/lscpu.txt"; grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512_vnni|a
 python3 -c "import torch; print('torch', torch.__version__)"
 llama-server --version 2>&1 | tail -2
 rm -rf /tmp/old && mkdir -p /tmp/old && tar xzf "$OLD_TGZ" -C /tmp
+# Both trees' CPU kernels built up front on every core (each server would build its own at start-up).
+for tree in /tmp/old "$PWD"; do
+  (cd "$tree" && PYTHONPATH=$tree:/tmp/site MAX_JOBS=8 python3 -c \
+    "from kvserve.models.layers import cpu_ext; print('$tree kernels:', cpu_ext.load() is not None)") &
+done; wait
 yarn=(--rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 8192)
 common=(--model smollm2 --frontiers "$FRONTIERS" --decode-tokens 32 --no-progress --out "$OUT")
 
