@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from kvserve.bench.engine_bench import make_prompt
-from kvserve.cli.engine_args import build_engine
 from kvserve.config import CacheConfig, EngineConfig
+from kvserve.engine.build import build_engine
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.models.layers import cpu_ext, lowbit_cpu
 

@@ -18,8 +18,8 @@ import sys
 
 import torch
 
-from kvserve.cli.engine_args import build_engine
 from kvserve.config import EngineConfig
+from kvserve.engine.build import build_engine
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.models.layers.quant import WeightOnlyLinear

@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 
 from kvserve.bench.engine_bench import make_prompt
-from kvserve.cli.engine_args import build_engine
 from kvserve.config import EngineConfig
+from kvserve.engine.build import build_engine
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.models.layers import cpu_ext, lowbit_cpu

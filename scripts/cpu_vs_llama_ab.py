@@ -21,8 +21,8 @@ import uuid
 import torch
 
 from kvserve.bench.engine_bench import make_prompt
-from kvserve.cli.engine_args import build_engine
 from kvserve.config import CacheConfig, EngineConfig
+from kvserve.engine.build import build_engine
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.models.aliases import list_known_models

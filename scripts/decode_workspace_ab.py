@@ -13,8 +13,8 @@ import uuid
 import torch
 
 from kvserve.bench.engine_bench import make_prompt
-from kvserve.cli.engine_args import build_engine
 from kvserve.config import EngineConfig, SchedulerConfig
+from kvserve.engine.build import build_engine
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.models.layers.attention.decode_workspace import DecodeWorkspace
 

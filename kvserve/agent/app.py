@@ -1,10 +1,9 @@
-"""Assembles the agent (client, tools, session, loop) for a server URL and runs it: one task with
-`-p`, else the terminal UI."""
+"""Assembles the agent (client, tools, session, loop) for a server URL and runs one task with `-p`;
+`tui.py` runs the terminal UI over the same `AgentApp`."""
 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 
 from kvserve.agent import prompts
@@ -109,13 +108,3 @@ def run_print_mode(url: str, options: AgentOptions) -> int:
         return EXIT_CODES[status]
     finally:
         app.close()
-
-
-def run_interactive(url: str, options: AgentOptions) -> int:
-    from kvserve.agent.tui import Tui
-
-    try:
-        return Tui(url, options).run()
-    except SessionError as error:
-        print(f"kvserve agent: {error}", file=sys.stderr)
-        return 2

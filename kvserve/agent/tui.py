@@ -14,6 +14,7 @@ from kvserve.agent.app import AgentApp
 from kvserve.agent.confirm import TimedPrompt
 from kvserve.agent.loop import TurnStatus
 from kvserve.agent.options import AgentOptions
+from kvserve.agent.session import SessionError
 from kvserve.agent.status import StatusBar
 from kvserve.agent.view import StreamView
 
@@ -89,3 +90,11 @@ class Tui:
 
     def _say(self, text: str) -> None:
         self.console.print(text, markup=False)
+
+
+def run_interactive(url: str, options: AgentOptions) -> int:
+    try:
+        return Tui(url, options).run()
+    except SessionError as error:
+        print(f"kvserve agent: {error}", file=sys.stderr)
+        return 2

@@ -48,8 +48,8 @@ def decode_step_ms(
 
 
 def main() -> None:
-    from kvserve.cli.engine_args import build_engine
     from kvserve.config import EngineConfig
+    from kvserve.engine.build import build_engine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")

@@ -99,13 +99,16 @@ def think_effort(value: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from kvserve.agent.app import run_interactive, run_print_mode
+    from kvserve.agent.app import run_print_mode
     from kvserve.agent.session import SessionError
 
     options = options_from_args(args)
     if args.log_level.upper() == "INFO":  # the default: per-request logs would scribble over the UI
         logging.getLogger().setLevel(logging.WARNING)
-    runner = run_print_mode if options.prompt is not None else run_interactive
+    if options.prompt is None:
+        from kvserve.agent.tui import run_interactive as runner  # prompt-toolkit and rich: the UI only
+    else:
+        runner = run_print_mode
     try:
         if args.url:
             code = runner(args.url, options)

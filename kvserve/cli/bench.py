@@ -10,7 +10,8 @@ from pathlib import Path
 
 from kvserve.bench.shape_configs import SHAPES
 from kvserve.cli import bench_serving
-from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+from kvserve.cli.engine_args import add_engine_args, engine_config_from_args
+from kvserve.engine.build import build_engine
 
 
 def register(sub: argparse._SubParsersAction) -> None:

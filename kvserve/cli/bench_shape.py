@@ -61,7 +61,7 @@ def run_engine_shape(args: argparse.Namespace) -> None:
     torch.cuda.empty_cache()
     if loaded is None:
         from kvserve.bench.shapes import load_random_shard
-        from kvserve.distributed.launch import start_tp_engine
+        from kvserve.engine.tensor_parallel.launch import start_tp_engine
 
         engine = start_tp_engine(config, functools.partial(load_random_shard, shape=args.shape))
     else:

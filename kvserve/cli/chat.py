@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+from kvserve.cli.engine_args import add_engine_args, engine_config_from_args
 from kvserve.cli.generate import stream_tokens
 from kvserve.cli.sampling_args import add_sampling_args, sampling_params_from_args
+from kvserve.engine.build import build_engine
 
 _HELP = "commands: /clear (forget the conversation), /quit"
 

@@ -1,16 +1,14 @@
 """Engine flags shared by every subcommand that runs a model, mapped onto EngineConfig.
 
 Building the flags imports no torch and no engine (`kvserve --help` stays fast): `build_engine`
-imports them when a command runs.
+(`engine/build.py`) imports them when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import sys
-from typing import TYPE_CHECKING
 
 from kvserve.config import (
     KV_DTYPE_CHOICES,
@@ -18,12 +16,8 @@ from kvserve.config import (
     EngineConfig,
     KVStoreConfig,
     SchedulerConfig,
-    resolve,
 )
 from kvserve.kvstore.cache_dir import default_cache_dir
-
-if TYPE_CHECKING:
-    from kvserve.engine.core import EngineCore
 
 logger = logging.getLogger(__name__)
 
@@ -204,31 +198,3 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         kv_store=kv_store_config_from_args(args),
     )
-
-
-def build_engine(config: EngineConfig, progress: bool = True) -> EngineCore:
-    """Load the model and build the engine; a bad model path exits with a one-line error."""
-    import torch
-
-    from kvserve.engine.core import EngineCore
-    from kvserve.models.loader import ContextError, ModelLoadError, load_model
-
-    try:
-        config = resolve(config)
-    except ValueError as error:  # inconsistent flags
-        sys.exit(f"kvserve: {error}")
-    torch.manual_seed(config.seed)
-    try:
-        if config.tensor_parallel_size > 1:
-            from kvserve.distributed.launch import TPLaunchError, load_checkpoint_shard, start_tp_engine
-
-            try:
-                return start_tp_engine(config, functools.partial(load_checkpoint_shard, progress=progress))
-            except TPLaunchError as error:
-                sys.exit(f"kvserve: {error}")
-        loaded = load_model(
-            config.model, config.torch_dtype, config.device, progress=progress, context=config.context_request
-        )
-    except (ModelLoadError, ContextError) as error:
-        sys.exit(f"kvserve: {error}")
-    return EngineCore(config, loaded)

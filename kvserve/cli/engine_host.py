@@ -83,7 +83,7 @@ def start_engine(config: EngineConfig, separate_process: bool, num_front_ends: i
 
 def build_warm_engine(config: EngineConfig) -> EngineCore:
     """The engine, with Triton's kernels compiled for a server's first batches on CUDA (warmup.py)."""
-    from kvserve.cli.engine_args import build_engine
+    from kvserve.engine.build import build_engine
     from kvserve.engine.warmup import warm_up
 
     core = build_engine(config)

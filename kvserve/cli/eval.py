@@ -18,7 +18,7 @@ from kvserve.cli.serve import add_serve_args
 from kvserve.eval.cases import SUITES, CaseFilter
 
 if TYPE_CHECKING:
-    from kvserve.eval.cases import EvalCase
+    from kvserve.eval.eval_case import EvalCase
     from kvserve.eval.result import CaseResult
     from kvserve.eval.runner import EvalRunner, RunSettings
 
@@ -65,7 +65,8 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> None:
-    from kvserve.eval.cases import CaseError, load_cases, select, validate
+    from kvserve.eval.cases import load_cases, select, validate
+    from kvserve.eval.eval_case import CaseError
     from kvserve.eval.selftest import EXTRACTOR_CASES, run_self_test
 
     if args.self_test_extractors:

@@ -8,8 +8,9 @@ import time
 import uuid
 
 from kvserve.chat.detokenizer import IncrementalDetokenizer
-from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+from kvserve.cli.engine_args import add_engine_args, engine_config_from_args
 from kvserve.cli.sampling_args import add_sampling_args, sampling_params_from_args
+from kvserve.engine.build import build_engine
 
 
 def register(sub: argparse._SubParsersAction) -> None:

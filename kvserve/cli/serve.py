@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,10 @@ from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
 EngineClient = Any  # AsyncEngineClient | ProcessEngineClient: generate, abort, shutdown
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+    from multiprocessing.synchronize import Event as EventType
+
     from fastapi import FastAPI
 
     from kvserve.cli.engine_host import EngineHandle
@@ -156,7 +161,7 @@ def run(args: argparse.Namespace) -> None:
     front_ends = sock = None
     try:
         if peer_conns:
-            from kvserve.cli.api_servers import FrontEnds, bind
+            from kvserve.cli.api_servers import bind
 
             sock = bind(args.host, args.port)
             front_ends = FrontEnds(args, peer_conns, sock)
@@ -315,6 +320,92 @@ def close_server(app: FastAPI, engine: EngineClient) -> None:
     for close in getattr(app.state, "closers", ()):
         close()
     engine.shutdown()
+
+
+class FrontEnds:
+    """Front ends 1..N-1 (processes), started with their pipes and the port of front end 0's socket."""
+
+    def __init__(self, args: argparse.Namespace, conns: list[Connection], sock: socket.socket):
+        args = argparse.Namespace(**{**vars(args), "port": sock.getsockname()[1]})
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        level = logging.getLogger().getEffectiveLevel()
+        self.stopping = False
+        self.processes: list[BaseProcess] = []
+        readies = []
+        for index, conn in enumerate(conns, start=1):
+            ready = context.Event()
+            process = context.Process(
+                target=front_end_main,
+                args=(args, conn, index, level, ready),
+                name=f"kvserve-api-{index}",
+                daemon=True,
+            )
+            process.start()
+            conn.close()  # the child holds it now: its death must close the engine's end
+            self.processes.append(process)
+            readies.append(ready)
+            threading.Thread(target=self._watch, args=(index, process), daemon=True).start()
+        # Serve only once all listen: a burst of clients at the start would find front end 0 alone.
+        for process, ready in zip(self.processes, readies, strict=True):
+            while not ready.wait(1.0) and process.is_alive():
+                pass
+        logger.info(
+            "API front ends: %d processes over one engine (--api-servers): pids %s",
+            len(conns) + 1,
+            " ".join(str(p) for p in [os.getpid(), *(p.pid for p in self.processes)]),
+        )
+
+    def _watch(self, index: int, process: BaseProcess) -> None:
+        process.join()
+        if not self.stopping:
+            logger.error(
+                "API front end %d exited with %s; its requests were aborted, the others go on",
+                index,
+                process.exitcode,
+            )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.stopping = True
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            process.join(timeout)
+            if process.is_alive():
+                logger.warning(
+                    "API front end %s still running after %.0f s; killing it", process.name, timeout
+                )
+                process.kill()
+                process.join(5)
+
+
+def front_end_main(
+    args: argparse.Namespace, conn: Connection, index: int, level: int, ready: EventType
+) -> None:
+    """A front-end process: the server's app over its pipe to the engine, on the server's port."""
+    from kvserve.cli.api_servers import bind
+    from kvserve.cli.engine_host import link_handle
+    from kvserve.engine.process_client import EngineLink
+
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s %(name)s [api {index}]: %(message)s")
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, exit_cleanly)
+    link = EngineLink(conn, start_timeout=600)
+    # The engine went away (the server exited or failed): stop serving.
+    link.on_dead = lambda why: os.kill(os.getpid(), signal.SIGTERM)
+    app: FastAPI | None = None
+    try:
+        app = build_app_over(args, link_handle(link), index)[0]
+        sock = bind(args.host, args.port)
+        ready.set()
+        serve_forever(app, args, sock)
+    finally:
+        if app is not None:
+            close_server(app, link)
+        else:
+            link.shutdown()
 
 
 def _positive_int(text: str) -> int:

@@ -1,6 +1,6 @@
 """Tensor parallelism across the devices of one host (torch.distributed: NCCL on CUDA, gloo on CPU).
 
-Torch-level pieces (`group`, `partition`, `layers`, `sharding`, `kv_shards`) are used by the model
-loader and never import the engine; `plan`, `driver`, `worker` and `launch` run one engine
-process per rank, driven by rank 0's scheduler.
+The torch-level pieces: the rank's group and its collectives, the partitions, the parallel layers,
+`shard_model` and the KV head gather/scatter. The model loader uses them; the engine drives the ranks
+over them (`engine/tensor_parallel/`), so nothing here imports the engine.
 """

@@ -25,7 +25,7 @@ from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_ro
 from kvserve.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
-    from kvserve.distributed.driver import TPDriver
+    from kvserve.engine.tensor_parallel.driver import TPDriver
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ PromptTooLongError = RequestTooLongError
 
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel, tp: TPDriver | None = None):
-        """`tp`: at tensor-parallel size > 1, rank 0's driver of the other ranks (distributed/launch.py
+        """`tp`: at tensor-parallel size > 1, rank 0's driver of the other ranks (tensor_parallel/launch.py
         builds it and `loaded` holds rank 0's shard); the engine then runs its runner through it."""
         config = resolve_weight_quant(resolve(config), loaded.file_weight_quant)
         self.config = config

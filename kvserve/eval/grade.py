@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from kvserve.eval import extract
-from kvserve.eval.cases import AnswerKind, EvalCase
+from kvserve.eval.eval_case import AnswerKind, EvalCase
 from kvserve.eval.prompts import user_text
 from kvserve.eval.sandbox import DEFAULT_LIMITS, SandboxLimits, run_python
 

@@ -11,7 +11,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from kvserve.eval.cases import AnswerKind, EvalCase
+from kvserve.eval.eval_case import AnswerKind, EvalCase
 
 SOURCE = "humaneval"
 LICENSE = "MIT"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvserve.eval.cases import AnswerKind, EvalCase
+from kvserve.eval.eval_case import AnswerKind, EvalCase
 
 SYSTEM = (
     "You are solving a benchmark question. Reason carefully but briefly. "

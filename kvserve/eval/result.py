@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvserve.eval.cases import EvalCase
+from kvserve.eval.eval_case import EvalCase
 from kvserve.eval.grade import CaseStatus, Grade, ModelOutput, ToolCall
 
 

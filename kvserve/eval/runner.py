@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvserve.eval.cases import EvalCase
 from kvserve.eval.client import ChatSettings, EvalClient, RequestFailed
+from kvserve.eval.eval_case import EvalCase
 from kvserve.eval.grade import CaseStatus, Grade, ModelOutput, grade
 from kvserve.eval.prompts import messages_for
 from kvserve.eval.result import CaseResult

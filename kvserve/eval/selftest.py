@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kvserve.eval.cases import AnswerKind
+from kvserve.eval.eval_case import AnswerKind
 from kvserve.eval.extract import (
     find_code,
     find_integer,

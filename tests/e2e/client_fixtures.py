@@ -27,8 +27,8 @@ def serve_model(model: str, max_model_len: int) -> Iterator[str]:
         pytest.skip(f"{known.package} is not installed (make setup)")
     from kvserve.api.app import create_app
     from kvserve.api.settings import ApiSettings
-    from kvserve.cli.engine_args import build_engine
     from kvserve.config import EngineConfig, SchedulerConfig
+    from kvserve.engine.build import build_engine
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
     from kvserve.serving.segmenter import OutputSyntax

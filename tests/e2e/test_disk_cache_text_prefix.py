@@ -32,7 +32,7 @@ def _generate(core: EngineCore, request_id: str, token_ids: list[int]) -> tuple[
 
 
 def test_next_turn_reuses_the_sampled_tokens_through_the_text_lookup(tmp_path: Path) -> None:
-    from kvserve.cli.engine_args import build_engine
+    from kvserve.engine.build import build_engine
     from kvserve.models.aliases import list_known_models
 
     if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):

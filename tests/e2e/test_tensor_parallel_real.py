@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from kvserve.config import EngineConfig, SchedulerConfig
-from kvserve.distributed.launch import load_checkpoint_shard, start_tp_engine
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.tensor_parallel.launch import load_checkpoint_shard, start_tp_engine
 from kvserve.models.aliases import list_known_models
 
 pytestmark = pytest.mark.model

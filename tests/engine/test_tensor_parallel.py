@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from kvserve.config import CacheConfig, EngineConfig, KVStoreConfig, SchedulerConfig
-from kvserve.distributed.launch import start_tp_engine
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.tensor_parallel.launch import start_tp_engine
 from tests.engine.conftest import CTX, VOCAB, load_tiny
 from tests.engine.tp_loaders import fail_on_rank_1, load_tiny_shard
 from tests.models.helpers import save_tiny_hf_model, tiny_hf_config

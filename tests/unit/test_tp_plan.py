@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pickle
 
-from kvserve.distributed.plan import PlanDecoder, PlanEncoder
 from kvserve.engine.outputs import ScheduledRequest
+from kvserve.engine.tensor_parallel.plan import PlanDecoder, PlanEncoder
 from tests.unit.test_scheduler import make_request, make_scheduler, random_tokens
 
 

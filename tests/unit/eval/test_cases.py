@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from kvserve.eval.cases import AnswerKind, CaseFilter, EvalCase, load_cases, parse_jsonl, select, validate
+from kvserve.eval.cases import CaseFilter, load_cases, parse_jsonl, select, validate
+from kvserve.eval.eval_case import AnswerKind, EvalCase
 from kvserve.eval.prompts import messages_for
 
 CASES = load_cases()

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kvserve.eval.cases import EvalCase
+from kvserve.eval.eval_case import EvalCase
 from kvserve.eval.grade import CaseStatus, ModelOutput, grade
 from kvserve.eval.humaneval import load_humaneval
 from kvserve.eval.sandbox import SandboxLimits, run_python

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from kvserve.eval.cases import AnswerKind, CaseFilter, EvalCase, load_cases, select
+from kvserve.eval.cases import CaseFilter, load_cases, select
+from kvserve.eval.eval_case import AnswerKind, EvalCase
 from kvserve.eval.grade import CaseStatus, ModelOutput, ToolCall, grade
 
 CASES = {c.id: c for c in select(load_cases(), CaseFilter(("core", "tools")))}

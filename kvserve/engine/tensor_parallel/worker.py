@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from kvserve.config import EngineConfig
-from kvserve.distributed.driver import kv_head_spans
 from kvserve.distributed.group import TPGroup, destroy_tp_group, init_tp_group
 from kvserve.distributed.kv_shards import (
     empty_shard,
@@ -24,9 +23,10 @@ from kvserve.distributed.kv_shards import (
     scatter_from_driver,
     write_blocks,
 )
-from kvserve.distributed.messages import CopyIn, CopyOut, Stop
-from kvserve.distributed.plan import PlanDecoder, StepPlan
 from kvserve.engine.runner.model_runner import ModelRunner
+from kvserve.engine.tensor_parallel.driver import kv_head_spans
+from kvserve.engine.tensor_parallel.messages import CopyIn, CopyOut, Stop
+from kvserve.engine.tensor_parallel.plan import PlanDecoder, StepPlan
 from kvserve.models.loaded import LoadedModel
 
 logger = logging.getLogger(__name__)

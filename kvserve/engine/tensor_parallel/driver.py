@@ -26,11 +26,11 @@ from kvserve.distributed.kv_shards import (
     split_heads,
     write_blocks,
 )
-from kvserve.distributed.messages import CopyIn, CopyOut, Stop
 from kvserve.distributed.partition import Span, attention_shard
-from kvserve.distributed.plan import PlanEncoder
 from kvserve.engine.outputs import RunnerOutput, SchedulerOutput
 from kvserve.engine.runner.model_runner import ModelRunner
+from kvserve.engine.tensor_parallel.messages import CopyIn, CopyOut, Stop
+from kvserve.engine.tensor_parallel.plan import PlanEncoder
 from kvserve.models.config import ModelArchConfig
 
 if TYPE_CHECKING:

@@ -19,10 +19,16 @@ import torch
 import xxhash
 
 from kvserve.config import EngineConfig, resolve
-from kvserve.distributed.driver import TPDriver
 from kvserve.distributed.group import TPGroup, destroy_tp_group, init_tp_group
-from kvserve.distributed.worker import ShardLoader, WorkerSpec, device_for_rank, run_worker, share_cpu_threads
 from kvserve.engine.core import EngineCore
+from kvserve.engine.tensor_parallel.driver import TPDriver
+from kvserve.engine.tensor_parallel.worker import (
+    ShardLoader,
+    WorkerSpec,
+    device_for_rank,
+    run_worker,
+    share_cpu_threads,
+)
 from kvserve.models.loaded import LoadedModel
 
 logger = logging.getLogger(__name__)

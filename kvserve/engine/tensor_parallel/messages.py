@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvserve.distributed.plan import StepPlan
+from kvserve.engine.tensor_parallel.plan import StepPlan
 
 
 @dataclass(frozen=True)
