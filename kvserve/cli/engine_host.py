@@ -22,6 +22,7 @@ from kvserve.serving.request_recorder import PromptSource, RequestRecorder
 if TYPE_CHECKING:
     from kvserve.config import EngineConfig
     from kvserve.engine.client import AsyncEngineClient
+    from kvserve.engine.client_protocol import EngineClient
     from kvserve.engine.core import EngineCore
     from kvserve.engine.process_client import EngineLink
     from kvserve.models.loaded import TokenizerInfo
@@ -33,7 +34,7 @@ TurnMarkers = tuple[Sequence[int], Sequence[int]]
 
 @dataclass
 class EngineHandle:
-    client: Any  # AsyncEngineClient | ProcessEngineClient (serving.engine_protocol.EngineClientProtocol)
+    client: EngineClient
     tokenizer: TokenizerInfo
     max_model_len: int
     vocab_size: int

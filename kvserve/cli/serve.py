@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvserve.cli.engine_args import (
     add_engine_args,
@@ -26,12 +26,11 @@ from kvserve.models.generation_config import (
 )
 from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
 
-EngineClient = Any  # AsyncEngineClient | ProcessEngineClient: generate, abort, shutdown
-
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from kvserve.cli.engine_host import EngineHandle
+    from kvserve.engine.client_protocol import EngineClient
     from kvserve.engine.core import EngineCore
     from kvserve.serving.engine_stats import EngineStats
 

@@ -13,6 +13,7 @@ import pytest
 
 from kvserve.engine import ipc
 from kvserve.engine.client import AsyncEngineClient, EngineDeadError
+from kvserve.engine.client_protocol import EngineClient
 from kvserve.engine.core import PromptTooLongError
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.process_client import EngineStartError, ProcessEngineClient
@@ -86,6 +87,14 @@ async def test_streams_match_the_in_process_engine(client: ProcessEngineClient, 
         assert [t for o in there for t in o.new_token_ids] == [t for o in here for t in o.new_token_ids]
         assert there[-1].finish_reason == FinishReason.LENGTH and there[-1].num_prompt_tokens == 20
         assert not any(o.finished for o in there[:-1])
+
+
+def test_both_transports_are_engine_clients(client: ProcessEngineClient, tiny_llama_dir: Path) -> None:
+    local_client = AsyncEngineClient(make_engine(tiny_llama_dir))
+    try:
+        assert isinstance(client, EngineClient) and isinstance(local_client, EngineClient)
+    finally:
+        local_client.shutdown()
 
 
 async def test_engine_errors_reach_the_caller(client: ProcessEngineClient) -> None:
