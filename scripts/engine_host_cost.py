@@ -157,9 +157,9 @@ def main() -> None:
         t.append(time.perf_counter())
         outputs = scheduler.resolve_pending([s.request for s in scheduled], [5] * len(scheduled))
         t.append(time.perf_counter())
-        data = pickle.dumps(("out", ipc.encode_outputs(coalesce([outputs]))), ipc.PROTOCOL)
+        data = pickle.dumps(ipc.encode_outputs(coalesce([outputs])), ipc.PROTOCOL)
         t.append(time.perf_counter())
-        [ipc.decode_output(item) for item in pickle.loads(data)[1]]
+        [ipc.decode_output(item) for item in pickle.loads(data)]
         t.append(time.perf_counter())
         for name, start, end in zip(times, t[:-1], t[1:], strict=True):
             times[name].append(1e6 * (end - start))

@@ -2,7 +2,8 @@
 own (`engine.process_client`, the default on CUDA: issue 21). Either way the server gets one
 `EngineHandle`: the engine client `ChatService` drives, what the front end needs of the loaded model
 (tokenizer, context, vocabulary, disk-tier directory), and the web console's and /metrics' sources,
-which in the process case are queries answered by the engine process (`answer_query`)."""
+which in the process case are typed queries (`EngineQuery`) answered by the engine process
+(`answer_query`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from kvserve.serving.request_recorder import PromptSource, RequestRecorder
 if TYPE_CHECKING:
     from kvserve.config import EngineConfig
     from kvserve.engine.client import AsyncEngineClient
+    from kvserve.engine.client_protocol import EngineClient
     from kvserve.engine.core import EngineCore
     from kvserve.engine.process_client import EngineLink
     from kvserve.models.loaded import TokenizerInfo
@@ -33,7 +35,7 @@ TurnMarkers = tuple[Sequence[int], Sequence[int]]
 
 @dataclass
 class EngineHandle:
-    client: Any  # AsyncEngineClient | ProcessEngineClient (serving.engine_protocol.EngineClientProtocol)
+    client: EngineClient
     tokenizer: TokenizerInfo
     max_model_len: int
     vocab_size: int
@@ -133,12 +135,12 @@ def link_handle(client: EngineLink) -> EngineHandle:
         max_model_len=info.max_model_len,
         vocab_size=info.vocab_size,
         disk_dir=Path(info.disk_dir) if has_disk else None,
-        text_prefix=(lambda text: client.query("text_prefix", text)) if has_disk else None,
-        set_turn_markers=lambda markers: client.query("turn_markers", markers) if has_disk else None,
+        text_prefix=(lambda text: client.query(TextPrefixQuery(text))) if has_disk else None,
+        set_turn_markers=lambda markers: client.query(SetTurnMarkers(markers)) if has_disk else None,
         feed_prompt_sources=feed,
-        engine_stats=lambda: client.query("stats"),
-        cache_view=lambda: client.query("cache_view"),
-        checkpoint_tokens=lambda checkpoint_id: client.query("checkpoint_tokens", checkpoint_id),
+        engine_stats=lambda: client.query(EngineStatsQuery()),
+        cache_view=lambda: client.query(CacheViewQuery()),
+        checkpoint_tokens=lambda checkpoint_id: client.query(CheckpointTokensQuery(checkpoint_id)),
         in_process=False,
     )
 
@@ -157,24 +159,63 @@ def engine_stats(core: EngineCore) -> EngineStats:
     )
 
 
+# -- the engine process's side of `EngineHandle`'s sources -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatsQuery:
+    """Answered with the engine's `EngineStats` (/metrics)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheViewQuery:
+    """Answered with the web console's `CacheView` of the KV cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointTokensQuery:
+    """Answered with a disk checkpoint's token ids (None when it is not stored)."""
+
+    checkpoint_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrefixQuery:
+    """Answered with `DiskTier.text_prefix(text)`: the stored checkpoint whose text is the longest
+    prefix of `text` (its token ids and that prefix's length in UTF-8 bytes), or None."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetTurnMarkers:
+    """Sets the turn markers the disk tier cuts its checkpoints at; answered with None."""
+
+    markers: TurnMarkers
+
+
+EngineQuery = EngineStatsQuery | CacheViewQuery | CheckpointTokensQuery | TextPrefixQuery | SetTurnMarkers
+
 _cache_sources: dict[int, Callable[[], CacheView]] = {}
 
 
-def answer_query(core: EngineCore, name: str, args: tuple[Any, ...]) -> Any:
-    """The engine process's side of `EngineHandle`'s sources (on a query thread of its own)."""
+def answer_query(core: EngineCore, query: EngineQuery) -> Any:
+    """The answer to `query`, in the engine process (on a query thread of its own)."""
     disk = core.disk_tier
-    if name == "stats":
-        return engine_stats(core)
-    if name == "cache_view":
-        if id(core) not in _cache_sources:  # one DiskViewCache for the engine's life
-            _cache_sources[id(core)] = console_sources.cache_source(core)
-        return _cache_sources[id(core)]()
-    if name == "checkpoint_tokens":
-        return console_sources.checkpoint_tokens(core, args[0])
-    if name == "text_prefix":
-        return None if disk is None else disk.text_prefix(args[0])
-    if name == "turn_markers":
-        if disk is not None:
-            disk.turn_markers = args[0]
-        return None
-    raise LookupError(f"unknown engine query {name!r}")
+    match query:
+        case EngineStatsQuery():
+            return engine_stats(core)
+        case CacheViewQuery():
+            if id(core) not in _cache_sources:  # one DiskViewCache for the engine's life
+                _cache_sources[id(core)] = console_sources.cache_source(core)
+            return _cache_sources[id(core)]()
+        case CheckpointTokensQuery(checkpoint_id=checkpoint_id):
+            return console_sources.checkpoint_tokens(core, checkpoint_id)
+        case TextPrefixQuery(text=text):
+            return None if disk is None else disk.text_prefix(text)
+        case SetTurnMarkers(markers=markers):
+            if disk is not None:
+                disk.turn_markers = markers
+            return None
+        case _:
+            raise LookupError(f"unknown engine query {query!r}")

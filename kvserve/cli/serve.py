@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvserve.cli.engine_args import (
     add_engine_args,
@@ -27,8 +27,6 @@ from kvserve.models.generation_config import (
 )
 from kvserve.toolcalls import SYNTAXES as TOOL_SYNTAXES
 
-EngineClient = Any  # AsyncEngineClient | ProcessEngineClient: generate, abort, shutdown
-
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
@@ -37,6 +35,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from kvserve.cli.engine_host import EngineHandle
+    from kvserve.engine.client_protocol import EngineClient
     from kvserve.engine.core import EngineCore
     from kvserve.serving.engine_stats import EngineStats
 

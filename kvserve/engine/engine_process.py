@@ -6,9 +6,9 @@ the engine. A request belongs to the front end that added it: its outputs, error
 go back on that link only, and when a front end goes away its requests are aborted. Link 0 is the
 server's own (the parent process): when it closes the engine shuts down, whatever the others do.
 
-Between front ends the engine is also the hub: `tell` forwards a message to every other front end
-(state they replicate), `gather` asks each of them and answers with the list of their answers
-(whole-server /metrics).
+Between front ends the engine is also the hub: a `Tell` goes on to every other front end (state
+they replicate), a `Gather` asks each of them and is answered with the list of their answers
+(whole-server /metrics). The messages are `ipc.py`'s.
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ import queue
 import threading
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvserve.engine import ipc
 from kvserve.engine.outputs import EngineOutput, merge_outputs
-from kvserve.engine.request import CheckpointHint
-from kvserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -38,8 +37,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Answer = Callable[["EngineCore", str, tuple[Any, ...]], Any]
+Answer = Callable[["EngineCore", Any], Any]  # (core, a typed query) -> its answer
 GATHER_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class _LinkClosed:
+    """On the inbox: the link's front end went away, so its requests have nobody to stream to."""
+
+
+_Inbound = ipc.AddRequest | ipc.AbortRequest | ipc.Shutdown | _LinkClosed
 
 
 def engine_main(
@@ -51,11 +58,11 @@ def engine_main(
     try:
         core = build()
     except SystemExit as error:  # build_engine's one-line errors
-        conns[0].send_bytes(ipc.dumps(("fatal", str(error.code))))
+        conns[0].send_bytes(ipc.dumps(ipc.StartFailed(str(error.code))))
         return
     except BaseException as error:
         logger.exception("the engine failed to start")
-        conns[0].send_bytes(ipc.dumps(("fatal", f"the engine failed to start: {error}")))
+        conns[0].send_bytes(ipc.dumps(ipc.StartFailed(f"the engine failed to start: {error}")))
         return
     # The model, tokenizer and start-up objects live as long as the process: out of the collector's
     # sight, a full collection no longer walks them while steps allocate thousands of outputs a
@@ -83,7 +90,7 @@ class Link:
         self.closing = False
         self.sender = threading.Thread(target=self.ship, name=f"kvserve-engine-send-{index}", daemon=True)
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: ipc.FromEngine) -> None:
         data = ipc.dumps(message)
         with self.send_lock:
             self.conn.send_bytes(data)
@@ -104,7 +111,7 @@ class Link:
                 if not steps:
                     return
             try:
-                self.send(("out", ipc.encode_outputs(coalesce(steps))))
+                self.send(ipc.encode_outputs(coalesce(steps)))
             except OSError:  # the front end is gone
                 return
 
@@ -125,11 +132,11 @@ class EngineProcess:
         self.core = core
         self.answer = answer
         self.links = [Link(i, conn) for i, conn in enumerate(conns)]
-        self.inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[tuple[int, _Inbound]] = queue.SimpleQueue()  # (link index, message)
         self.owners: dict[str, int] = {}  # request id -> the index of the link that added it
         self.constraints: Any = None  # grammar.compiler.RecipeBuilder, built at the first recipe
-        self.gathers: dict[int, concurrent.futures.Future[Any]] = {}
-        self.gather_ids = itertools.count()
+        self.gathers: dict[int, concurrent.futures.Future[Any]] = {}  # ask id -> a front end's answer
+        self.ask_ids = itertools.count()
         disk = core.disk_tier
         if disk is not None:
             disk.on_source = self.send_source
@@ -142,7 +149,7 @@ class EngineProcess:
             len(conns),
         )
         for link in self.links:
-            # "ready" first on every link; a front end not yet reading its pipe blocks only its own thread.
+            # `Ready` first on every link; a front end not yet reading its pipe blocks only its own thread.
             link.send_lock.acquire()
             threading.Thread(target=self.serve_link, args=(link, info), daemon=True).start()
             link.sender.start()
@@ -162,7 +169,7 @@ class EngineProcess:
             self.flush()
             for link in self.links:
                 try:
-                    link.send(("dead", f"{type(error).__name__}: {error}"))
+                    link.send(ipc.EngineDied(f"{type(error).__name__}: {error}"))
                 except OSError:
                     pass
 
@@ -192,42 +199,38 @@ class EngineProcess:
         """Apply queued messages; wait for one when idle. False once shut down."""
         while True:
             try:
-                message = self.inbox.get(block=block)
+                index, message = self.inbox.get(block=block)
             except queue.Empty:
                 return True
             block = False
-            kind = message[0]
-            if kind == "shutdown":
-                return False
-            if kind == "add":
-                self.add(*message[1:])
-            elif kind == "abort":
-                if message[1] in self.owners:
-                    self.core.abort_request(message[1])
-            elif kind == "gone":  # a front end went away: its requests have nobody to stream to
-                for request_id, index in list(self.owners.items()):
-                    if index == message[1]:
+            match message:
+                case ipc.Shutdown():
+                    return False
+                case ipc.AddRequest():
+                    self.add(index, message)
+                case ipc.AbortRequest(request_id=request_id):
+                    if request_id in self.owners:
                         self.core.abort_request(request_id)
+                case _LinkClosed():
+                    for request_id, owner in list(self.owners.items()):
+                        if owner == index:
+                            self.core.abort_request(request_id)
+                case _:
+                    raise ipc.UnknownMessageError(message)
 
-    def add(
-        self,
-        index: int,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        recipe: Any,
-        checkpoint_hint: CheckpointHint | None,
-    ) -> None:
+    def add(self, index: int, message: ipc.AddRequest) -> None:
+        request_id = message.request_id
         try:
             if request_id in self.owners:
                 raise ValueError(f"request id {request_id!r} is already running")
+            recipe = message.recipe
             constraint = None if recipe is None else self.build_constraint(recipe)
             request = self.core.make_request(
-                request_id, prompt_token_ids, params, constraint, checkpoint_hint
+                request_id, message.prompt_token_ids, message.params, constraint, message.checkpoint_hint
             )
             self.core.add_request(request)
         except Exception as error:  # noqa: BLE001 (a bad request fails alone, never the engine)
-            self.send_to(index, ("error", request_id, _picklable(error)))
+            self.send_to(index, ipc.RequestFailed(request_id, _picklable(error)))
             return
         self.owners[request_id] = index
 
@@ -241,7 +244,7 @@ class EngineProcess:
             )
         return self.constraints.build(recipe)
 
-    def send_to(self, index: int, message: tuple[Any, ...]) -> None:
+    def send_to(self, index: int, message: ipc.FromEngine) -> None:
         link = self.links[index]
         if link.is_open:
             try:
@@ -249,16 +252,19 @@ class EngineProcess:
             except OSError:
                 pass
 
-    def send_source(self, request_id: str, *source: Any) -> None:
+    def send_source(
+        self, request_id: str, num_ram_tokens: int, num_disk_tokens: int, checkpoint_id: str | None
+    ) -> None:
         index = self.owners.get(request_id)
         if index is not None:
-            self.send_to(index, ("source", request_id, *source))
+            source = ipc.PromptSourceFound(request_id, num_ram_tokens, num_disk_tokens, checkpoint_id)
+            self.send_to(index, source)
 
     # -- the links' reader threads ----------------------------------------------------------
 
     def serve_link(self, link: Link, info: ipc.EngineInfo) -> None:
         try:
-            link.conn.send_bytes(ipc.dumps(("ready", info)))
+            link.conn.send_bytes(ipc.dumps(ipc.Ready(info)))
         except OSError:
             link.is_open = False
         finally:
@@ -268,71 +274,78 @@ class EngineProcess:
                 message = ipc.loads(link.conn.recv_bytes())
             except (EOFError, OSError):  # the front end is gone
                 break
-            if not self.dispatch(link, message):
-                return
+            try:
+                if not self.dispatch(link, message):
+                    return
+            except ipc.UnknownMessageError:  # a front end this engine cannot understand
+                logger.exception("API front end %d: closing its pipe", link.index)
+                break
         link.is_open = False
-        self.inbox.put(("shutdown",) if link.index == 0 else ("gone", link.index))
+        self.inbox.put((link.index, ipc.Shutdown() if link.index == 0 else _LinkClosed()))
         if link.index:
             logger.warning("API front end %d went away; its requests are aborted", link.index)
         for future in list(self.gathers.values()):  # nobody answers from there any more
             if not future.done() and getattr(future, "link", None) == link.index:
                 future.set_result(None)
 
-    def dispatch(self, link: Link, message: tuple[Any, ...]) -> bool:
+    def dispatch(self, link: Link, message: object) -> bool:
         """One front-end message; False after a shutdown."""
-        kind = message[0]
-        if kind == "add":
-            self.inbox.put(("add", link.index, *message[1:]))
-        elif kind == "query":
-            threading.Thread(target=self.reply, args=(link, *message[1:]), daemon=True).start()
-        elif kind == "tell":
-            for other in self.links:
-                if other is not link:
-                    self.send_to(other.index, ("told", message[1]))
-        elif kind == "gather":
-            threading.Thread(target=self.gather, args=(link, *message[1:]), daemon=True).start()
-        elif kind == "answer":
-            future = self.gathers.get(message[1])
-            if future is not None and not future.done():
-                future.set_result(message[2])
-        else:
-            self.inbox.put(message)
-            if kind == "shutdown":
+        match message:
+            case ipc.AddRequest() | ipc.AbortRequest():
+                self.inbox.put((link.index, message))
+            case ipc.Query():
+                threading.Thread(target=self.reply, args=(link, message), daemon=True).start()
+            case ipc.Tell():
+                for other in self.links:
+                    if other is not link:
+                        self.send_to(other.index, message)
+            case ipc.Gather():
+                threading.Thread(target=self.gather, args=(link, message), daemon=True).start()
+            case ipc.PeerAnswer(ask_id=ask_id, value=value):
+                future = self.gathers.get(ask_id)
+                if future is not None and not future.done():
+                    future.set_result(value)
+            case ipc.Shutdown():
+                self.inbox.put((link.index, message))
                 return False
+            case _:
+                raise ipc.UnknownMessageError(message)
         return True
 
-    def reply(self, link: Link, query_id: int, name: str, args: tuple[Any, ...]) -> None:
+    def reply(self, link: Link, message: ipc.Query) -> None:
+        query_id, query = message.query_id, message.query
         try:
             if self.answer is None:
-                raise LookupError(f"no query {name!r} in this engine process")
-            result: tuple[bool, Any] = (True, self.answer(self.core, name, args))
+                raise LookupError(f"no query {type(query).__name__} in this engine process")
+            reply = ipc.Reply(query_id, self.answer(self.core, query))
         except Exception as error:  # noqa: BLE001 (re-raised in the front end's caller)
-            result = (False, _picklable(error))
+            reply = ipc.Reply(query_id, error=_picklable(error))
         try:
-            self.send_to(link.index, ("reply", query_id, *result))
+            self.send_to(link.index, reply)
         except (pickle.PicklingError, TypeError, AttributeError) as error:
-            self.send_to(link.index, ("reply", query_id, False, RuntimeError(f"query {name!r}: {error}")))
+            failure = RuntimeError(f"query {type(query).__name__}: {error}")
+            self.send_to(link.index, ipc.Reply(query_id, error=failure))
 
-    def gather(self, link: Link, query_id: int, name: str, args: tuple[Any, ...]) -> None:
+    def gather(self, link: Link, message: ipc.Gather) -> None:
         """Ask every other open front end; reply with their answers (None from one that did not
         answer in time)."""
         asked: dict[int, concurrent.futures.Future[Any]] = {}
         for other in self.links:
             if other is link or not other.is_open:
                 continue
-            token = next(self.gather_ids)
+            ask_id = next(self.ask_ids)
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             future.link = other.index  # type: ignore[attr-defined]
-            self.gathers[token] = asked[token] = future
-            self.send_to(other.index, ("ask", token, name, args))
+            self.gathers[ask_id] = asked[ask_id] = future
+            self.send_to(other.index, ipc.Ask(ask_id, message.name, message.args))
         answers = []
-        for token, future in asked.items():
+        for ask_id, future in asked.items():
             try:
                 answers.append(future.result(GATHER_TIMEOUT_S))
             except concurrent.futures.TimeoutError:
                 answers.append(None)
-            self.gathers.pop(token, None)
-        self.send_to(link.index, ("reply", query_id, True, answers))
+            self.gathers.pop(ask_id, None)
+        self.send_to(link.index, ipc.Reply(message.query_id, answers))
 
 
 def coalesce(steps: list[list[EngineOutput]]) -> list[EngineOutput]:

@@ -11,8 +11,9 @@ first, `peer_conns` are the others', for the front-end processes `kvserve serve 
 starts (`EngineLink(conn)` in each).
 
 - `build` (picklable, e.g. a `functools.partial` of a module-level function) builds the
-  `EngineCore` in the child; `answer(core, name, args)` (picklable) answers `query()` there, on a
-  thread of its own, as the HTTP threads read the in-process engine (web console, metrics).
+  `EngineCore` in the child; `answer(core, query)` (picklable) answers `query(query)` there (a
+  typed query, e.g. `cli.engine_host`'s), on a thread of its own, as the HTTP threads read the
+  in-process engine (web console, metrics).
 - A token constraint crosses as its recipe (`constraint.recipe`, `grammar.constraint`), rebuilt
   against the engine's tokenizer in the child.
 - The disk tier's per-request prompt source comes back as an event (`on_source`).
@@ -62,7 +63,7 @@ class _Dead(Exception):
 
 class EngineLink:
     """One front end's pipe to the engine process. `EngineLink(conn)` waits for the engine's
-    "ready" (what the front end needs of the loaded model: `info`)."""
+    `Ready` (what the front end needs of the loaded model: `info`)."""
 
     def __init__(self, conn: Connection, start_timeout: float | None = None):
         self._conn = conn
@@ -99,7 +100,7 @@ class EngineLink:
         self._streams[request_id] = (asyncio.get_running_loop(), outputs)
         finished = False
         try:
-            self._send(("add", request_id, list(prompt_token_ids), params, recipe, checkpoint_hint))
+            self._send(ipc.AddRequest(request_id, list(prompt_token_ids), params, recipe, checkpoint_hint))
             while not finished:
                 output = merge_queued(await outputs.get(), outputs, _checked)
                 finished = output.finished
@@ -111,7 +112,7 @@ class EngineLink:
     def abort(self, request_id: str) -> None:
         if self._dead is None:
             try:
-                self._send(("abort", request_id))
+                self._send(ipc.AbortRequest(request_id))
             except OSError:  # the engine process is gone; the reader fails every stream
                 pass
 
@@ -128,46 +129,47 @@ class EngineLink:
     def num_front_ends(self) -> int:
         return self.info.num_front_ends
 
-    def query(self, name: str, *args: Any, timeout: float = 60.0) -> Any:
-        """Ask the engine process (`answer(core, name, args)` there); blocks the calling thread."""
-        return self._ask(("query", name, args), timeout)
+    def query(self, query: object, timeout: float = 60.0) -> Any:
+        """Ask the engine process (`answer(core, query)` there); blocks the calling thread."""
+        return self._ask(lambda query_id: ipc.Query(query_id, query), timeout)
 
     def gather(self, name: str, *args: Any, timeout: float = 60.0) -> list[Any]:
         """Every other front end's `on_ask(name, args)` (None from one that did not answer in
         time); blocks the calling thread. [] when this is the only front end."""
         if self.info.num_front_ends == 1:
             return []
-        return self._ask(("gather", name, args), timeout)
+        return self._ask(lambda query_id: ipc.Gather(query_id, name, args), timeout)
 
     def tell(self, message: Any) -> None:
         """`message` to every other front end's `on_told` (state they replicate)."""
         if self.info.num_front_ends > 1 and self._dead is None:
             try:
-                self._send(("tell", message))
+                self._send(ipc.Tell(message))
             except OSError:
                 pass
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _ask(self, message: tuple[Any, ...], timeout: float) -> Any:
+    def _ask(self, make_message: Callable[[int], ipc.Query | ipc.Gather], timeout: float) -> Any:
+        """Send `make_message(query_id)` and wait for its `Reply`."""
         if self._dead is not None:
             raise EngineDeadError(self._dead)
         query_id = next(self._query_ids)
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._replies[query_id] = future
         try:
-            self._send((message[0], query_id, *message[1:]))
+            self._send(make_message(query_id))
             return future.result(timeout)
         finally:
             self._replies.pop(query_id, None)
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: ipc.ToEngine) -> None:
         data = ipc.dumps(message)
         with self._send_lock:
             self._conn.send_bytes(data)
 
     def _is_starting(self) -> bool:
-        """While waiting for "ready": False once it cannot come any more."""
+        """While waiting for `Ready`: False once it cannot come any more."""
         return True
 
     def _await_ready(self, timeout: float | None) -> ipc.EngineInfo:
@@ -182,9 +184,13 @@ class EngineLink:
             message = ipc.loads(self._conn.recv_bytes())
         except EOFError:
             raise EngineStartError(self._start_failure()) from None
-        if message[0] != "ready":
-            raise EngineStartError(message[1])
-        return message[1]
+        match message:
+            case ipc.Ready(info=info):
+                return info
+            case ipc.StartFailed(message=why):
+                raise EngineStartError(why)
+            case _:
+                raise EngineStartError(f"the engine process sent {type(message).__name__} before Ready")
 
     def _start_failure(self) -> str:
         return "the engine process closed the pipe"
@@ -204,50 +210,61 @@ class EngineLink:
                 return
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]] = {}
             for message in messages:
-                if message[0] == "out":
-                    for item in message[1]:
+                if isinstance(message, list):  # ipc.StepOutputs
+                    for item in message:
                         stream = streams.get(item[0])
                         if stream is not None:
                             by_loop.setdefault(stream[0], []).append((stream, ipc.decode_output(item)))
-                elif not self._handle(message):
+                    continue
+                try:
+                    if not self._handle(message):
+                        return
+                except ipc.UnknownMessageError as error:  # an engine this front end cannot understand
+                    self._fail(str(error))
                     return
             for loop, items in by_loop.items():
                 self._wake(loop, items)
 
-    def _handle(self, message: tuple[Any, ...]) -> bool:
+    def _handle(self, message: object) -> bool:
         """A message other than outputs; False once the engine is dead."""
-        kind = message[0]
-        if kind == "error":
-            stream = self._streams.get(message[1])
-            if stream is not None:
-                self._wake(stream[0], [(stream, message[2])])
-        elif kind == "reply":
-            future = self._replies.get(message[1])
-            if future is not None:
-                ok, value = message[2], message[3]
-                future.set_result(value) if ok else future.set_exception(value)
-        elif kind == "source":
-            if self.on_source is not None:
-                self.on_source(*message[1:])
-        elif kind == "told":
-            if self.on_told is not None:
-                self.on_told(message[1])
-        elif kind == "ask":
-            threading.Thread(target=self._answer_peer, args=message[1:], daemon=True).start()
-        elif kind == "dead":
-            self._fail(message[1])
-            return False
+        match message:
+            case ipc.RequestFailed(request_id=request_id, error=error):
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    self._wake(stream[0], [(stream, error)])
+            case ipc.Reply(query_id=query_id, value=value, error=error):
+                future = self._replies.get(query_id)
+                if future is not None:
+                    future.set_result(value) if error is None else future.set_exception(error)
+            case ipc.PromptSourceFound():
+                if self.on_source is not None:
+                    self.on_source(
+                        message.request_id,
+                        message.num_ram_tokens,
+                        message.num_disk_tokens,
+                        message.checkpoint_id,
+                    )
+            case ipc.Tell():
+                if self.on_told is not None:
+                    self.on_told(message.payload)
+            case ipc.Ask():
+                threading.Thread(target=self._answer_peer, args=(message,), daemon=True).start()
+            case ipc.EngineDied(message=why):
+                self._fail(why)
+                return False
+            case _:
+                raise ipc.UnknownMessageError(message)
         return True
 
-    def _answer_peer(self, token: int, name: str, args: tuple[Any, ...]) -> None:
+    def _answer_peer(self, ask: ipc.Ask) -> None:
         value = None
         try:
             if self.on_ask is not None:
-                value = self.on_ask(name, args)
+                value = self.on_ask(ask.name, ask.args)
         except Exception:  # the asking front end gets None from this one
-            logger.exception("answering %r for another front end", name)
+            logger.exception("answering %r for another front end", ask.name)
         try:
-            self._send(("answer", token, value))
+            self._send(ipc.PeerAnswer(ask.ask_id, value))
         except OSError:
             pass
 
@@ -311,7 +328,7 @@ class ProcessEngineClient(EngineLink):
         self._closing = True
         if self._process.is_alive():
             try:
-                self._send(("shutdown",))
+                self._send(ipc.Shutdown())
             except OSError:
                 pass
             self._process.join(timeout)

@@ -29,7 +29,7 @@ from kvserve.reasoning import ReasoningSyntax
 from kvserve.serving.constraints import DecodingConstraints
 from kvserve.serving.engine_protocol import (
     CheckpointHint,
-    EngineClientProtocol,
+    EngineClient,
     SamplingDefaults,
     SamplingParams,
     SamplingParamsError,
@@ -117,7 +117,7 @@ class PreparedRequest:
 class ChatService:
     def __init__(
         self,
-        engine: EngineClientProtocol,
+        engine: EngineClient,
         tokenizer: TokenizerLike,
         max_model_len: int,
         model_name: str,

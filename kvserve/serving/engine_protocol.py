@@ -1,14 +1,15 @@
 """What ChatService needs from the engine and the tokenizer (structural, so tests can fake both).
 
-The engine dataclasses (and the model's sampling defaults) are imported here, and only here, for
-the layers above: they are plain Python (no torch), and `api/` reaches them only through `serving/`.
+The engine dataclasses and client Protocol (and the model's sampling defaults) are imported here,
+and only here, for the layers above: they are plain Python (no torch), and `api/` reaches them only
+through `serving/`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from kvserve.engine.client_protocol import EngineClient
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import CheckpointHint, Logprob
@@ -18,7 +19,7 @@ from kvserve.models.generation_config import SamplingDefaults
 
 __all__ = [
     "CheckpointHint",
-    "EngineClientProtocol",
+    "EngineClient",
     "EngineFinishReason",
     "EngineOutput",
     "Logprob",
@@ -28,23 +29,6 @@ __all__ = [
     "TokenConstraint",
     "TokenizerLike",
 ]
-
-
-class EngineClientProtocol(Protocol):
-    """`kvserve.engine.client.AsyncEngineClient` satisfies this.
-
-    `generate` is an async generator function: calling it returns the iterator, and
-    closing the iterator before the final output aborts the request in the engine.
-    """
-
-    def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        constraint: TokenConstraint | None = None,
-        checkpoint_hint: CheckpointHint | None = None,
-    ) -> AsyncIterator[EngineOutput]: ...
 
 
 class TokenizerLike(Protocol):

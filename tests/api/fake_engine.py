@@ -1,6 +1,6 @@
 """A scripted engine and a byte-level tokenizer: protocol tests without a model.
 
-`FakeEngine` satisfies `EngineClientProtocol`: it streams a scripted reply one token per
+`FakeEngine` satisfies `EngineClient`: it streams a scripted reply one token per
 output, honours max_tokens/EOS like the scheduler, reports a block-aligned prefix-cache
 hit against earlier prompts, and records running and aborted requests. Optionally it
 reports prefill chunks as token-less progress outputs (as EngineCore does) and scripted
@@ -178,6 +178,16 @@ class FakeEngine:
             self._history.append(list(prompt_token_ids) + generated)
             if not finished:
                 self.aborted.append(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Nothing to stop: a scripted stream ends when its consumer closes it (recorded then)."""
+
+    def shutdown(self, timeout: float = 120.0) -> None:
+        pass
+
+    @property
+    def is_running(self) -> bool:
+        return True
 
     @staticmethod
     def _logprobs(index: int, token_id: int, params: SamplingParams) -> tuple[Logprob, ...]:

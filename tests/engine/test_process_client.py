@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvserve.engine import ipc
 from kvserve.engine.client import AsyncEngineClient, EngineDeadError
+from kvserve.engine.client_protocol import EngineClient
 from kvserve.engine.core import PromptTooLongError
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.process_client import EngineStartError, ProcessEngineClient
@@ -24,18 +27,45 @@ from tests.engine.conftest import make_engine
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
-def _answer(core, name: str, args: tuple) -> object:
-    if name == "running":
-        return core.scheduler.num_running
-    if name == "echo":
-        return args
-    if name == "fail":
-        raise KeyError("nope")
-    if name == "crash":
-        import os
+@dataclass(frozen=True, slots=True)
+class _Running:
+    pass
 
-        os._exit(3)
-    raise LookupError(name)
+
+@dataclass(frozen=True, slots=True)
+class _Echo:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Fail:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Crash:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Unanswered:
+    pass
+
+
+def _answer(core, query: object) -> object:
+    match query:
+        case _Running():
+            return core.scheduler.num_running
+        case _Echo(value=value):
+            return value
+        case _Fail():
+            raise KeyError("nope")
+        case _Crash():
+            import os
+
+            os._exit(3)
+        case _:
+            raise LookupError(query)
 
 
 def _no_model() -> None:
@@ -69,9 +99,10 @@ def test_outputs_cross_the_wire_unchanged() -> None:
             256,
         ),
     ]
-    wire = ipc.loads(ipc.dumps(("out", ipc.encode_outputs(outputs))))
-    assert [ipc.decode_output(item) for item in wire[1]] == outputs
-    assert len(wire[1][0]) == 4  # a plain decode output is a 4-tuple
+    wire = ipc.loads(ipc.dumps(ipc.encode_outputs(outputs)))
+    assert isinstance(wire, list)
+    assert [ipc.decode_output(item) for item in wire] == outputs
+    assert len(wire[0]) == 4  # a plain decode output is a 4-tuple
 
 
 async def test_streams_match_the_in_process_engine(client: ProcessEngineClient, tiny_llama_dir: Path) -> None:
@@ -86,6 +117,14 @@ async def test_streams_match_the_in_process_engine(client: ProcessEngineClient, 
         assert [t for o in there for t in o.new_token_ids] == [t for o in here for t in o.new_token_ids]
         assert there[-1].finish_reason == FinishReason.LENGTH and there[-1].num_prompt_tokens == 20
         assert not any(o.finished for o in there[:-1])
+
+
+def test_both_transports_are_engine_clients(client: ProcessEngineClient, tiny_llama_dir: Path) -> None:
+    local_client = AsyncEngineClient(make_engine(tiny_llama_dir))
+    try:
+        assert isinstance(client, EngineClient) and isinstance(local_client, EngineClient)
+    finally:
+        local_client.shutdown()
 
 
 async def test_engine_errors_reach_the_caller(client: ProcessEngineClient) -> None:
@@ -112,18 +151,18 @@ async def test_a_consumer_that_leaves_aborts_the_request(client: ProcessEngineCl
             break  # like a disconnected HTTP client
     await stream.aclose()
     for _ in range(200):
-        if await asyncio.to_thread(client.query, "running") == 0:
+        if await asyncio.to_thread(client.query, _Running()) == 0:
             break
         await asyncio.sleep(0.02)
-    assert client.query("running") == 0
+    assert client.query(_Running()) == 0
 
 
 def test_queries_answer_and_fail_in_the_caller(client: ProcessEngineClient) -> None:
-    assert client.query("echo", 1, "two") == (1, "two")
+    assert client.query(_Echo((1, "two"))) == (1, "two")
     with pytest.raises(KeyError):
-        client.query("fail")
+        client.query(_Fail())
     with pytest.raises(LookupError):
-        client.query("unknown")
+        client.query(_Unanswered())
     assert client.info.max_model_len == 2048 and client.info.disk_dir is None
 
 
@@ -144,7 +183,9 @@ def test_a_recipe_rebuilds_the_constraint() -> None:
 
     builder = RecipeBuilder(ByteTokenizer(), 256, (0,))
     recipe = ConstraintRecipe('start: "ab"', None)
-    constraint = builder.build(ipc.loads(ipc.dumps((recipe,)))[0])
+    wire = ipc.loads(ipc.dumps(ipc.AddRequest("r", [1], GREEDY, recipe, None)))
+    assert isinstance(wire, ipc.AddRequest)
+    constraint = builder.build(wire.recipe)
     assert constraint.recipe == recipe and constraint.is_masking
     assert constraint.accept_token(ord("a")) and not constraint.accept_token(ord("x"))
 
@@ -158,7 +199,7 @@ async def test_a_dead_engine_fails_streams_and_new_requests(tiny_llama_dir: Path
     client = ProcessEngineClient(functools.partial(make_engine, tiny_llama_dir), _answer, start_timeout=600)
     try:
         with pytest.raises(EngineDeadError):
-            client.query("crash", timeout=30)
+            client.query(_Crash(), timeout=30)
         for _ in range(100):
             if not client.is_running:
                 break
@@ -234,13 +275,48 @@ async def test_two_front_ends_share_the_engine(tiny_llama_dir: Path) -> None:
                 break
         second.shutdown()  # the front end goes away mid-stream (no abort sent)
         for _ in range(200):
-            if await asyncio.to_thread(first.query, "running") == 0:
+            if await asyncio.to_thread(first.query, _Running()) == 0:
                 break
             await asyncio.sleep(0.02)
-        assert first.query("running") == 0
+        assert first.query(_Running()) == 0
         assert first.is_running and len(await _collect(first, "still", [1, 2, 3])) >= 1
         assert await asyncio.to_thread(first.gather, "metrics") == []  # nobody else to ask
     finally:
         second.shutdown()
         first.shutdown()
     assert not first.is_running
+
+
+async def test_the_server_sources_answer_through_the_engine_process(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """`engine_host.link_handle`'s typed queries, answered by `answer_query` in the child, and the
+    disk tier's prompt sources coming back as events."""
+    from kvserve.cli.engine_host import answer_query, link_handle
+    from kvserve.config import KVStoreConfig
+    from kvserve.serving.cache_view import CacheView
+    from kvserve.serving.engine_stats import EngineStats
+    from kvserve.serving.request_recorder import PromptSource, RequestRecorder
+
+    store = KVStoreConfig(directory=str(tmp_path / "kv"), preload_fraction=0.0)
+    build = functools.partial(make_engine, tiny_llama_dir, kv_store=store)
+    handle = link_handle(ProcessEngineClient(build, answer_query, start_timeout=600))
+    try:
+        sources: dict[str, PromptSource] = {}
+
+        class Recorder(RequestRecorder):
+            def note_source(self, request_id: str, source: PromptSource) -> None:
+                sources[request_id] = source
+
+        handle.feed_prompt_sources(Recorder())
+        await _collect(handle.client, "sourced", [1 + i % 50 for i in range(40)])
+        assert sources == {"sourced": PromptSource(0, 0, None)}
+        assert handle.disk_dir is not None and handle.text_prefix is not None
+        assert handle.set_turn_markers(((1, 2), (3,))) is None
+        assert handle.text_prefix("no checkpoint starts like this") is None
+        assert handle.checkpoint_tokens("no-such-checkpoint") is None
+        stats = handle.engine_stats()
+        assert isinstance(stats, EngineStats) and stats.num_running == 0 and stats.disk is not None
+        assert isinstance(handle.cache_view(), CacheView)
+    finally:
+        handle.shutdown()
