@@ -18,6 +18,7 @@ from kvserve.cli.engine_args import (
     add_kv_store_args,
     engine_config_from_args,
 )
+from kvserve.env import switches
 from kvserve.models.generation_config import (
     GENERATION_CONFIG_MODES,
     GenerationConfigError,
@@ -150,8 +151,9 @@ def run(args: argparse.Namespace) -> None:
     # make that one a clean exit, so the `finally` (the disk tier's shutdown save) runs.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, exit_cleanly)
-    if SWITCH_INTERVAL_MS:  # the engine thread and the event loop share the GIL (docs/benchmarks.md)
-        sys.setswitchinterval(SWITCH_INTERVAL_MS / 1000)
+    switch_interval_ms = switches().switch_interval_ms
+    if switch_interval_ms:  # the engine thread and the event loop share the GIL (docs/benchmarks.md)
+        sys.setswitchinterval(switch_interval_ms / 1000)
     peer_conns = getattr(engine, "peer_conns", [])
     front_ends = sock = None
     try:
@@ -183,11 +185,6 @@ def serve_forever(app: FastAPI, args: argparse.Namespace, sock: socket.socket | 
     server.run(sockets=None if sock is None else [sock])
     if not server.started:  # e.g. the port is taken (uvicorn.run's exit status)
         sys.exit(3)
-
-
-# Debug toggle for A/B runs of the GIL's switch interval (scripts/serve_e2e_bench.py); unset keeps
-# Python's 5 ms, which beat 1 ms on the H200 at 256 streams.
-SWITCH_INTERVAL_MS = float(os.environ.get("KVSERVE_SWITCH_INTERVAL_MS", "0"))
 
 
 def exit_cleanly(signum: int, frame: object) -> None:
