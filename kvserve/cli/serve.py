@@ -142,10 +142,10 @@ def run(args: argparse.Namespace) -> None:
         logger.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
     logger.info(
         "kvserve: serving %s on http://%s:%d (ctx %d)",
-        service.model_name,
+        service.settings.model_name,
         args.host,
         args.port,
-        service.max_model_len,
+        service.settings.max_model_len,
     )
     # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it found:
     # make that one a clean exit, so the `finally` (the disk tier's shutdown save) runs.
@@ -222,6 +222,7 @@ def build_app_over(
     from kvserve.api.settings import ApiSettings
     from kvserve.cli.api_servers import wire_front_end
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.chat_settings import ChatServiceSettings
     from kvserve.serving.live_sequences import LiveSequences
     from kvserve.serving.response_store import ResponseStore
     from kvserve.serving.segmenter import OutputSyntax
@@ -235,20 +236,23 @@ def build_app_over(
     logger.info("model output: %s", syntax.describe())
     if args.disable_exact_tool_replay:
         logger.info("exact tool replay is off: history tool calls render canonically from their JSON")
+    chat_settings = ChatServiceSettings(
+        model_name=model_name,
+        max_model_len=handle.max_model_len,
+        segmenter_factory=syntax.segmenter,
+        tool_syntax=syntax.tool_parser,
+        reasoning_syntax=syntax.reasoning,
+        vocab_size=handle.vocab_size,
+        max_tokens_limit=args.max_tokens_limit,
+        sampling_defaults=sampling_defaults_from_args(args),
+    )
     service = ChatService(
         engine,
         handle.tokenizer,
-        handle.max_model_len,
-        model_name,
-        segmenter_factory=syntax.segmenter,
+        chat_settings,
         tool_memory=None if args.disable_exact_tool_replay else ToolReplayMemory(),
         live_sequences=LiveSequences(),
-        tool_syntax=syntax.tool_parser,
-        vocab_size=handle.vocab_size,
-        reasoning_syntax=syntax.reasoning,
         prompt_prefix=handle.text_prefix,
-        max_tokens_limit=args.max_tokens_limit,
-        sampling_defaults=sampling_defaults_from_args(args),
     )
     if handle.disk_dir is not None and index == 0:
         tokenize = functools.partial(service.tokenize, add_special_tokens=False)
