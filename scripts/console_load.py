@@ -40,6 +40,7 @@ from kvserve.kvstore.checkpoint import SAVE_REASONS, CheckpointMeta, StoreIdenti
 from kvserve.kvstore.checkpoint_store import CheckpointStore
 from kvserve.serving.cache_view import BlockPoolView, CacheView
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.engine_protocol import EngineFinishReason as FinishReason
 from kvserve.serving.engine_protocol import EngineOutput
 from kvserve.serving.generation_run import GenerationRun
@@ -325,7 +326,11 @@ def main() -> None:
         print(
             f"store: {args.checkpoints} checkpoints in {time.perf_counter() - started:.1f} s", file=sys.stderr
         )
-        service = ChatService(ScriptedEngine(reply("Done: it passes.")), FakeTokenizerInfo(), 8192, "m")
+        service = ChatService(
+            ScriptedEngine(reply("Done: it passes.")),
+            FakeTokenizerInfo(),
+            ChatServiceSettings(model_name="m", max_model_len=8192),
+        )
         pool = BlockPoolView(16, 8192, 0, 0, 8192)
         disk = DiskViewCache(store)
         app = create_app(service, cache_view=lambda: CacheView(pool, disk.get()),

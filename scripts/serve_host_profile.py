@@ -98,11 +98,12 @@ def main() -> None:
     from kvserve.api.app import create_app
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.chat_settings import ChatServiceSettings
 
     hf = AutoTokenizer.from_pretrained(args.tokenizer)
     info = _TokenizerInfo(hf, hf.chat_template, hf.bos_token_id, (hf.eos_token_id,))
     engine = AsyncEngineClient(FakeStepCore(args.step_ms / 1000))  # type: ignore[arg-type]
-    app = create_app(ChatService(engine, info, 8192, "fake"))
+    app = create_app(ChatService(engine, info, ChatServiceSettings(model_name="fake", max_model_len=8192)))
     server = uvicorn.Server(uvicorn.Config(app, port=args.port, log_level="warning", access_log=False))
     profile = cProfile.Profile() if args.cprofile else None
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))

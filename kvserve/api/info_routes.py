@@ -21,7 +21,7 @@ _STARTED = int(time.time())
 def _model_json(request: Request) -> dict[str, Any]:
     settings = request.app.state.settings
     service = chat_service(request)
-    ctx = service.max_model_len
+    ctx = service.settings.max_model_len
     return {
         "id": settings.served_model_name,
         "object": "model",
@@ -31,7 +31,7 @@ def _model_json(request: Request) -> dict[str, Any]:
         "max_model_len": ctx,
         # What a request that leaves a sampling parameter out gets, and where each value comes from
         # (--generation-config), like llama-server's /props default_generation_settings.
-        "sampling_defaults": service.sampling_defaults.to_json(),
+        "sampling_defaults": service.settings.sampling_defaults.to_json(),
     }
 
 
@@ -81,7 +81,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
         raise ApiError(400, "prompt is required", param="prompt")
     service = chat_service(request)
     tokens = await run_in_threadpool(service.tokenize, text, wire.add_special_tokens)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": service.max_model_len}
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": service.settings.max_model_len}
 
 
 @router.post("/detokenize")

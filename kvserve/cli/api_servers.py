@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from kvserve.config import EngineConfig
     from kvserve.engine.process_client import EngineLink
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.request_recorder import RequestRecord
+    from kvserve.serving.shared_state import SharedState
 
 logger = logging.getLogger(__name__)
 
@@ -94,15 +96,24 @@ def wire_front_end(app: FastAPI, link: EngineLink, index: int) -> None:
         peer_live = functools.partial(_gather_live, link)
         app.state.console = dataclasses.replace(console, peer_live=peer_live)
     else:
-        service.recorder.forward = lambda record: link.tell(("request_record", record))
+        service.recorder.forward = lambda record: link.tell(ForwardedRecord(record))
         app.state.console = dataclasses.replace(console, ask_primary=functools.partial(_ask_primary, link))
 
 
-def _told(service: ChatService, index: int, message: Any) -> None:
-    if message[0] != "request_record":
-        service.apply_shared(message)
-    elif index == 0:  # the console's recorder
-        service.recorder.adopt(message[1])
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForwardedRecord:
+    """A finished request of a front end other than 0, for the console's recorder (front end 0's)."""
+
+    record: RequestRecord
+
+
+def _told(service: ChatService, index: int, message: SharedState | ForwardedRecord) -> None:
+    match message:
+        case ForwardedRecord(record):
+            if index == 0:
+                service.recorder.adopt(record)
+        case _:
+            service.apply_shared(message)
 
 
 def _answer(app: FastAPI, index: int, name: str, args: tuple[Any, ...]) -> Any:

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from kvserve import __version__
+from kvserve.env import EnvSwitchError, switches
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    try:
+        switches()  # a mistyped KVSERVE_* variable stops every command here, before any work
+    except EnvSwitchError as error:
+        sys.exit(f"kvserve: {error}")
     try:
         args.func(args)
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from kvserve.cli.engine_args import (
     add_kv_store_args,
     engine_config_from_args,
 )
+from kvserve.env import switches
 from kvserve.models.generation_config import (
     GENERATION_CONFIG_MODES,
     GenerationConfigError,
@@ -145,17 +146,18 @@ def run(args: argparse.Namespace) -> None:
         logger.warning("listening on %s without --api-key: anyone who can reach it can use it", args.host)
     logger.info(
         "kvserve: serving %s on http://%s:%d (ctx %d)",
-        service.model_name,
+        service.settings.model_name,
         args.host,
         args.port,
-        service.max_model_len,
+        service.settings.max_model_len,
     )
     # uvicorn stops gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler it found:
     # make that one a clean exit, so the `finally` (the disk tier's shutdown save) runs.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, exit_cleanly)
-    if SWITCH_INTERVAL_MS:  # the engine thread and the event loop share the GIL (docs/benchmarks.md)
-        sys.setswitchinterval(SWITCH_INTERVAL_MS / 1000)
+    switch_interval_ms = switches().switch_interval_ms
+    if switch_interval_ms:  # the engine thread and the event loop share the GIL (docs/benchmarks.md)
+        sys.setswitchinterval(switch_interval_ms / 1000)
     peer_conns = getattr(engine, "peer_conns", [])
     front_ends = sock = None
     try:
@@ -187,11 +189,6 @@ def serve_forever(app: FastAPI, args: argparse.Namespace, sock: socket.socket | 
     server.run(sockets=None if sock is None else [sock])
     if not server.started:  # e.g. the port is taken (uvicorn.run's exit status)
         sys.exit(3)
-
-
-# Debug toggle for A/B runs of the GIL's switch interval (scripts/serve_e2e_bench.py); unset keeps
-# Python's 5 ms, which beat 1 ms on the H200 at 256 streams.
-SWITCH_INTERVAL_MS = float(os.environ.get("KVSERVE_SWITCH_INTERVAL_MS", "0"))
 
 
 def exit_cleanly(signum: int, frame: object) -> None:
@@ -229,6 +226,7 @@ def build_app_over(
     from kvserve.api.settings import ApiSettings
     from kvserve.cli.api_servers import wire_front_end
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.chat_settings import ChatServiceSettings
     from kvserve.serving.live_sequences import LiveSequences
     from kvserve.serving.response_store import ResponseStore
     from kvserve.serving.segmenter import OutputSyntax
@@ -242,20 +240,23 @@ def build_app_over(
     logger.info("model output: %s", syntax.describe())
     if args.disable_exact_tool_replay:
         logger.info("exact tool replay is off: history tool calls render canonically from their JSON")
+    chat_settings = ChatServiceSettings(
+        model_name=model_name,
+        max_model_len=handle.max_model_len,
+        segmenter_factory=syntax.segmenter,
+        tool_syntax=syntax.tool_parser,
+        reasoning_syntax=syntax.reasoning,
+        vocab_size=handle.vocab_size,
+        max_tokens_limit=args.max_tokens_limit,
+        sampling_defaults=sampling_defaults_from_args(args),
+    )
     service = ChatService(
         engine,
         handle.tokenizer,
-        handle.max_model_len,
-        model_name,
-        segmenter_factory=syntax.segmenter,
+        chat_settings,
         tool_memory=None if args.disable_exact_tool_replay else ToolReplayMemory(),
         live_sequences=LiveSequences(),
-        tool_syntax=syntax.tool_parser,
-        vocab_size=handle.vocab_size,
-        reasoning_syntax=syntax.reasoning,
         prompt_prefix=handle.text_prefix,
-        max_tokens_limit=args.max_tokens_limit,
-        sampling_defaults=sampling_defaults_from_args(args),
     )
     if handle.disk_dir is not None and index == 0:
         tokenize = functools.partial(service.tokenize, add_special_tokens=False)

@@ -25,7 +25,7 @@ from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.render import ChatRenderer, ChatTemplateError
 from kvserve.chat.stop import StopMatcher
 from kvserve.grammar.compiler import GrammarCompiler, tokenizer_factory
-from kvserve.reasoning import ReasoningSyntax
+from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.constraints import DecodingConstraints
 from kvserve.serving.engine_protocol import (
     CheckpointHint,
@@ -41,9 +41,10 @@ from kvserve.serving.events import Failed, Finished, GenerationEvent, Usage
 from kvserve.serving.generation_run import GenerationRun
 from kvserve.serving.heartbeat import with_heartbeat
 from kvserve.serving.live_sequences import LiveSequence, LiveSequences, request_fingerprint
-from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter, TextSegmenter
+from kvserve.serving.output_pipeline import OutputPipeline, PlainTextSegmenter
 from kvserve.serving.prefill_progress import PrefillTracker
 from kvserve.serving.request_recorder import RequestRecorder
+from kvserve.serving.shared_state import LiveSequenceSaved, SharedState, ToolCallsSampled
 from kvserve.serving.token_text import TokenTexts
 from kvserve.serving.tool_continuation import (
     ContinuationWording,
@@ -53,7 +54,6 @@ from kvserve.serving.tool_continuation import (
     reuse_live_prefix,
 )
 from kvserve.serving.tool_memory import ToolReplayMemory, attach_replays
-from kvserve.toolcalls.registry import DEFAULT_SYNTAX
 
 logger = logging.getLogger(__name__)
 
@@ -80,20 +80,9 @@ _SERVER_ONLY = (
 )
 
 
-# Issue 4's seam: given the chat request (tools offered? reasoning on?) and its rendered prompt (does
-# it open a reasoning block?), the parser for the model's output syntax. The default passes text through.
-SegmenterFactory = Callable[[ChatRequest, str], TextSegmenter]
-
-
-def plain_text_segmenter(request: ChatRequest, prompt_text: str) -> TextSegmenter:
-    return PlainTextSegmenter()
-
-
 # The disk tier's text lookup: the exact tokens of the stored checkpoint whose rendered text is the
 # longest prefix of a prompt, and that prefix's length in UTF-8 bytes (engine.disk_tier.text_prefix).
 PromptPrefixLookup = Callable[[str], "tuple[list[int], int] | None"]
-# ("tool_calls", [(sampled text, call ids)]) or ("live_sequence", LiveSequence): see ChatService.share
-SharedState = tuple[str, Any]
 
 
 @dataclass(frozen=True)
@@ -119,37 +108,18 @@ class ChatService:
         self,
         engine: EngineClient,
         tokenizer: TokenizerLike,
-        max_model_len: int,
-        model_name: str,
-        keepalive_s: float = 5.0,
-        supports_images: bool = False,
-        segmenter_factory: SegmenterFactory = plain_text_segmenter,
+        settings: ChatServiceSettings,
+        *,
         tool_memory: ToolReplayMemory | None = None,
         live_sequences: LiveSequences | None = None,
-        tool_syntax: str = DEFAULT_SYNTAX,
-        vocab_size: int | None = None,
-        reasoning_syntax: ReasoningSyntax | None = None,
         prompt_prefix: PromptPrefixLookup | None = None,
         recorder: RequestRecorder | None = None,
-        max_tokens_limit: int | None = None,
-        sampling_defaults: SamplingDefaults | None = None,
     ):
         """`tool_memory` None turns exact tool replay off (--disable-exact-tool-replay); `live_sequences`
-        None turns live tool continuation off. `tool_syntax` and `reasoning_syntax` are what the
-        segmenter parses (forced outputs follow them); `vocab_size` is the width of the model's logits
-        (default: the tokenizer's size). `max_tokens_limit` caps every request's output tokens, whatever
-        it asks for (--max-tokens-limit: clients such as Codex send no output limit at all);
-        `sampling_defaults` fills each sampling parameter a request leaves out (Claude Code and Codex
-        send none; models/generation_config.py), None: the APIs' own neutral values."""
+        None turns live tool continuation off; `prompt_prefix` None: no disk tier to look prompts up in."""
         self.engine = engine
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
-        self.max_tokens_limit = max_tokens_limit
-        self.sampling_defaults = sampling_defaults or SamplingDefaults()
-        self.model_name = model_name
-        self.keepalive_s = keepalive_s
-        self.supports_images = supports_images
-        self.segmenter_factory = segmenter_factory
+        self.settings = settings
         self.tool_memory = tool_memory
         self.live_sequences = live_sequences
         self.prompt_prefix = prompt_prefix
@@ -165,13 +135,16 @@ class ChatService:
         }
         self.renderer = ChatRenderer(tokenizer.chat_template, special)
         self.token_texts = TokenTexts(hf)
-        compiler = GrammarCompiler(tokenizer_factory(hf, vocab_size or len(hf), tokenizer.eos_token_ids))
-        self.constraints = DecodingConstraints(compiler, tool_syntax, reasoning=reasoning_syntax)
+        vocab_size = settings.vocab_size or len(hf)
+        compiler = GrammarCompiler(tokenizer_factory(hf, vocab_size, tokenizer.eos_token_ids))
+        self.constraints = DecodingConstraints(
+            compiler, settings.tool_syntax, reasoning=settings.reasoning_syntax
+        )
 
     # -- prepare (sync; run it off the event loop for long prompts) ---------------------
 
     def render(self, request: ChatRequest) -> str:
-        if not self.supports_images and any(m.has_images for m in request.messages):
+        if not self.settings.supports_images and any(m.has_images for m in request.messages):
             raise RequestError("this model does not accept image inputs", param="messages")
         if self.tool_memory is not None:
             request = attach_replays(request, self.tool_memory)
@@ -263,11 +236,12 @@ class ChatService:
     ) -> PreparedRequest:
         if not token_ids:
             raise RequestError("the prompt is empty", param=param)
-        if len(token_ids) >= self.max_model_len:
-            raise ContextLengthExceededError(len(token_ids), self.max_model_len, param)
-        room = self.max_model_len - len(token_ids)
-        if self.max_tokens_limit is not None:
-            room = min(room, self.max_tokens_limit)
+        max_model_len, max_tokens_limit = self.settings.max_model_len, self.settings.max_tokens_limit
+        if len(token_ids) >= max_model_len:
+            raise ContextLengthExceededError(len(token_ids), max_model_len, param)
+        room = max_model_len - len(token_ids)
+        if max_tokens_limit is not None:
+            room = min(room, max_tokens_limit)
         max_tokens = room if options.max_tokens is None else min(max(options.max_tokens, 0), room)
         params = self._sampling_params(options, max(max_tokens, 1))  # checked even if nothing runs
         # A fresh suffix keeps engine ids unique even when a client reuses its x-request-id.
@@ -280,7 +254,7 @@ class ChatService:
     def _sampling_params(self, options: GenerationOptions, max_tokens: int) -> SamplingParams:
         s = options.sampling
         self._check_sampling(s)
-        defaults = self.sampling_defaults
+        defaults = self.settings.sampling_defaults
         if s.temperature == 0:
             # A request that asks for greedy gets the argmax, as llama-server gives it: the defaults'
             # penalties would change it (SmolLM2's preset took `kvserve eval`, all greedy, from 9 to
@@ -339,7 +313,7 @@ class ChatService:
             constraint=prepared.constraint,
             checkpoint_hint=_checkpoint_hint(prepared.hints),
         )
-        beats = with_heartbeat(outputs, self.keepalive_s, until=lambda: run.prefill.is_done)
+        beats = with_heartbeat(outputs, self.settings.keepalive_s, until=lambda: run.prefill.is_done)
         try:
             async for output in beats:
                 for event in run.tick() if output is None else run.push(output):
@@ -366,7 +340,7 @@ class ChatService:
             StopMatcher(prepared.stop),
             PlainTextSegmenter()
             if prepared.chat is None
-            else self.segmenter_factory(prepared.chat, prepared.prompt_text),
+            else self.settings.segmenter_factory(prepared.chat, prepared.prompt_text),
         )
         prefill = PrefillTracker(
             prepared.request_id, prepared.num_prompt_tokens, reports=prepared.hints.prefill_progress
@@ -380,13 +354,13 @@ class ChatService:
     ) -> None:
         """Feed tool replay memory with the calls' sampled text, and keep the exact sequence of a turn
         that ended in tool calls for live continuation."""
-        blocks: list[tuple[str, tuple[str, ...]]] = getattr(run.pipeline.segmenter, "sampled_blocks", [])
+        blocks = run.pipeline.segmenter.sampled_blocks
         if not blocks or prepared.chat is None:
             return
         if self.tool_memory is not None:
             self.tool_memory.remember(blocks)
             if self.share is not None:
-                self.share(("tool_calls", blocks))
+                self.share(ToolCallsSampled(tuple(blocks)))
         finished = closing[-1] if closing else None
         if (
             self.live_sequences is None
@@ -407,16 +381,16 @@ class ChatService:
         )
         self.live_sequences.save(sequence)
         if self.share is not None:
-            self.share(("live_sequence", sequence))
+            self.share(LiveSequenceSaved(sequence))
 
     def apply_shared(self, message: SharedState) -> None:
         """What another front end of this server remembered (`share`): the next turn of its
         conversation may come here."""
-        kind, value = message
-        if kind == "tool_calls" and self.tool_memory is not None:
-            self.tool_memory.remember(value)
-        elif kind == "live_sequence" and self.live_sequences is not None:
-            self.live_sequences.save(value)
+        match message:
+            case ToolCallsSampled(blocks) if self.tool_memory is not None:
+                self.tool_memory.remember(blocks)
+            case LiveSequenceSaved(sequence) if self.live_sequences is not None:
+                self.live_sequences.save(sequence)
 
 
 def _checkpoint_hint(hints: ServerHints) -> CheckpointHint | None:

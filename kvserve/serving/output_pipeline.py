@@ -13,6 +13,9 @@ from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.stop import StopMatcher
 from kvserve.serving.events import FinishReason, GenerationEvent, TextDelta, ToolCallStart
 
+# A parsed tool-call block's exact sampled markup and the ids of its calls (tool replay memory).
+SampledBlock = tuple[str, tuple[str, ...]]
+
 
 class TextSegmenter(Protocol):
     """Streaming parser over generated text: `feed` per piece, `finish` once at the end."""
@@ -21,12 +24,21 @@ class TextSegmenter(Protocol):
 
     def finish(self) -> list[GenerationEvent]: ...
 
+    @property
+    def sampled_blocks(self) -> list[SampledBlock]:
+        """The tool-call blocks parsed so far, in output order ([] for a parser of no tool calls)."""
+        ...
+
 
 class PlainTextSegmenter:
     def feed(self, text: str) -> list[GenerationEvent]:
         return [TextDelta(text)] if text else []
 
     def finish(self) -> list[GenerationEvent]:
+        return []
+
+    @property
+    def sampled_blocks(self) -> list[SampledBlock]:
         return []
 
 

@@ -4,7 +4,7 @@ Order is the guarantee: only text the reasoning segmenter calls content ever rea
 parser, so markup inside reasoning is never executed. Tool events get their call ids here (the pure
 parsers know none), and the exact sampled markup of each call is kept for tool replay memory.
 
-Wiring: `ChatService(..., segmenter_factory=OutputSyntax.detect(template, tool_parser).segmenter)`.
+Wiring: `ChatServiceSettings(segmenter_factory=OutputSyntax.detect(template, tool_parser).segmenter)`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from kvserve.serving.events import (
     ToolCallEnd,
     ToolCallStart,
 )
+from kvserve.serving.output_pipeline import SampledBlock
 from kvserve.toolcalls import (
     SYNTAXES as TOOL_SYNTAXES,
 )
@@ -111,7 +112,7 @@ class ModelOutputSegmenter:
         return ToolCallEnd(event.index, event.arguments)
 
     @property
-    def sampled_blocks(self) -> list[tuple[str, tuple[str, ...]]]:
+    def sampled_blocks(self) -> list[SampledBlock]:
         """Each parsed block's exact markup and the ids of its calls, in output order."""
         return [(raw, tuple(ids)) for raw, ids in self._blocks.values()]
 

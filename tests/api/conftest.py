@@ -19,6 +19,7 @@ import uvicorn
 from kvserve.api.app import create_app
 from kvserve.api.settings import ApiSettings
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 from tests.live_uvicorn import serve_in_thread
 
@@ -60,13 +61,19 @@ def make_harness(
     segmenter_factory: Any = None,
     service_options: dict[str, Any] | None = None,
     tokenizer: Any = None,
+    chat_settings: dict[str, Any] | None = None,
     **settings: Any,
 ) -> Harness:
-    """`service_options` are further ChatService arguments (tool memory, live sequences)."""
-    extra = {} if segmenter_factory is None else {"segmenter_factory": segmenter_factory}
-    extra.update(service_options or {})
+    """`service_options` are further ChatService arguments (tool memory, live sequences),
+    `chat_settings` further ChatServiceSettings fields, `settings` ApiSettings fields."""
+    chat_settings = dict(chat_settings or {})
+    if segmenter_factory is not None:
+        chat_settings["segmenter_factory"] = segmenter_factory
+    service_settings = ChatServiceSettings(
+        model_name=MODEL, max_model_len=ctx, keepalive_s=keepalive_s, **chat_settings
+    )
     tokenizer = tokenizer or FakeTokenizerInfo()
-    service = ChatService(engine, tokenizer, ctx, MODEL, keepalive_s=keepalive_s, **extra)
+    service = ChatService(engine, tokenizer, service_settings, **(service_options or {}))
     app = create_app(service, ApiSettings(served_model_name=MODEL, **settings))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://kvserve")
     # The SDKs ship their own fork of httpx (httpx2); it has the same ASGI transport.
@@ -98,7 +105,9 @@ class LiveServer:
 def live_server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
     """uvicorn on a free 127.0.0.1 port in a thread; `request.param` is the FakeEngine (optional)."""
     engine = getattr(request, "param", None) or FakeEngine(reply("x" * 400), token_delay_s=0.005)
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, MODEL)
+    service = ChatService(
+        engine, FakeTokenizerInfo(), ChatServiceSettings(model_name=MODEL, max_model_len=4096)
+    )
     app = create_app(service, ApiSettings(served_model_name=MODEL))
     with serve_in_thread(app) as (url, server):
         yield LiveServer(url, engine, server)

@@ -8,13 +8,18 @@ import pytest
 
 from kvserve.chat.conversation import ChatRequest, GenerationOptions, Message, TextPart, TextRequest
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.errors import ContextLengthExceededError, RequestError
 from kvserve.serving.events import Failed, Finished, PrefillProgress, TextDelta, Usage
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 
 
 def _service(engine: FakeEngine, ctx: int = 4096, keepalive_s: float = 5.0) -> ChatService:
-    return ChatService(engine, FakeTokenizerInfo(), ctx, "fake", keepalive_s=keepalive_s)
+    return ChatService(
+        engine,
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="fake", max_model_len=ctx, keepalive_s=keepalive_s),
+    )
 
 
 def _chat(text: str = "Hi", **options: object) -> ChatRequest:
@@ -133,9 +138,17 @@ async def test_segmenter_factory_is_the_parsing_seam() -> None:
         def finish(self) -> list:
             return [ToolCallStart(0, "ab", "f"), ToolCallEnd(0, "{}")]
 
+        @property
+        def sampled_blocks(self) -> list:
+            return []
+
     engine = FakeEngine(reply("thinking"))
     service = ChatService(
-        engine, FakeTokenizerInfo(), 4096, "fake", segmenter_factory=lambda chat, prompt: FakeToolParser()
+        engine,
+        FakeTokenizerInfo(),
+        ChatServiceSettings(
+            model_name="fake", max_model_len=4096, segmenter_factory=lambda chat, prompt: FakeToolParser()
+        ),
     )
     events = await _events(service, _chat())
     assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "thinking"
@@ -146,7 +159,11 @@ async def test_segmenter_factory_is_the_parsing_seam() -> None:
 
 async def test_max_tokens_limit_caps_requests_with_and_without_a_limit() -> None:
     engine = FakeEngine(reply("abcdef"))
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", max_tokens_limit=4)
+    service = ChatService(
+        engine,
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="fake", max_model_len=4096, max_tokens_limit=4),
+    )
     for asked in (None, 100):
         events = await _events(service, _chat(max_tokens=asked))
         assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "abcd"
@@ -170,7 +187,11 @@ async def test_sampling_defaults_fill_only_what_a_request_leaves_out() -> None:
             "dry_multiplier": 0.8,
         },
     )
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", sampling_defaults=defaults)
+    service = ChatService(
+        engine,
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="fake", max_model_len=4096, sampling_defaults=defaults),
+    )
     await _events(service, _chat())
     first = engine.requests[-1][1]
     assert (first.temperature, first.top_k, first.top_p, first.min_p) == (0.2, 40, 0.95, 0.05)

@@ -14,6 +14,7 @@ from kvserve.api.app import create_app
 from kvserve.api.settings import ApiSettings
 from kvserve.reasoning import SYNTAXES as REASONING
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.segmenter import OutputSyntax
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 from tests.browser import browser_page, require_browser
@@ -30,7 +31,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 def service() -> ChatService:
     engine = FakeEngine(reply(OUTPUT), token_delay_s=0.002)
     syntax = OutputSyntax("hermes", REASONING["think"])
-    return ChatService(engine, FakeTokenizerInfo(), 4096, "fake-model", segmenter_factory=syntax.segmenter)
+    return ChatService(
+        engine,
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="fake-model", max_model_len=4096, segmenter_factory=syntax.segmenter),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -233,4 +233,4 @@ def test_real_tiny_deepseek_model_serves_tools(served, thinking: bool) -> None:
     assert usage["prompt_tokens"] > 1000 and usage["completion_tokens"] <= 6  # the tools block rendered
     again = client.post("/v1/chat/completions", json=body).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] // 16 * 16 - 16
-    assert app.state.chat_service.segmenter_factory.__self__.tool_parser == "deepseek_dsml"
+    assert app.state.chat_service.settings.segmenter_factory.__self__.tool_parser == "deepseek_dsml"

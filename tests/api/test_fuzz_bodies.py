@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kvserve.api.app import create_app
 from kvserve.api.settings import ApiSettings
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -127,7 +128,8 @@ def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
 def test_fuzzed_bodies_never_give_5xx() -> None:
     engine = FakeEngine(reply("ok"))
     app = create_app(
-        ChatService(engine, FakeTokenizerInfo(), 512, "fake"), ApiSettings(served_model_name="fake")
+        ChatService(engine, FakeTokenizerInfo(), ChatServiceSettings(model_name="fake", max_model_len=512)),
+        ApiSettings(served_model_name="fake"),
     )
     statuses: list[int] = []
     # The app over httpx's in-process ASGI transport, on one loop: an exception in it still becomes

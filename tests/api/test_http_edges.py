@@ -189,10 +189,13 @@ async def test_engine_gauges_come_from_the_stats_source() -> None:
 
     from kvserve.api.app import create_app
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.chat_settings import ChatServiceSettings
     from kvserve.serving.engine_stats import EngineStats
     from tests.api.fake_engine import FakeTokenizerInfo
 
-    service = ChatService(FakeEngine(reply("x")), FakeTokenizerInfo(), 64, MODEL)
+    service = ChatService(
+        FakeEngine(reply("x")), FakeTokenizerInfo(), ChatServiceSettings(model_name=MODEL, max_model_len=64)
+    )
     app = create_app(service, engine_stats=lambda: EngineStats(3, 2, 0.25, 0.5))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         text = (await client.get("/metrics")).text

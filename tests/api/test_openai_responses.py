@@ -248,11 +248,11 @@ async def test_server_max_tokens_limit_ends_an_unbounded_response_as_incomplete(
     # Codex sends no max_output_tokens: --max-tokens-limit is the only bound on its answers.
     from kvserve.models.generation_config import resolve_sampling_defaults
 
-    options = {
+    chat_settings = {
         "max_tokens_limit": 3,
         "sampling_defaults": resolve_sampling_defaults("none", overrides={"temperature": 0.0}),
     }
-    h = make_harness(FakeEngine(reply("Hello there!")), service_options=options)
+    h = make_harness(FakeEngine(reply("Hello there!")), chat_settings=chat_settings)
     response = await h.openai.responses.create(model=MODEL, input="Hi")
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 3

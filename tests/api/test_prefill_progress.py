@@ -11,6 +11,7 @@ import pytest
 
 from kvserve.chat.conversation import ChatRequest, Message, TextPart
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.engine_protocol import EngineOutput
 from kvserve.serving.events import Finished, PrefillProgress, TextDelta, Usage
 from kvserve.serving.heartbeat import with_heartbeat
@@ -22,7 +23,11 @@ CHAT = ChatRequest(messages=(Message("user", (TextPart("x" * 200),)),))
 
 
 async def _events(engine: FakeEngine, keepalive_s: float) -> list[object]:
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake", keepalive_s=keepalive_s)
+    service = ChatService(
+        engine,
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="fake", max_model_len=4096, keepalive_s=keepalive_s),
+    )
     return [e async for e in service.generate(service.prepare_chat(CHAT))]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvserve.chat.conversation import ChatRequest, Message, TextPart
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 
 STORED = [7, 7, 7]  # not what tokenizing the text gives: the lookup's tokens must be used as they are
@@ -14,7 +15,11 @@ def _chat(text: str) -> ChatRequest:
 
 
 def test_prompt_is_the_stored_tokens_plus_the_tokenized_rest() -> None:
-    plain = ChatService(FakeEngine(reply("x")), FakeTokenizerInfo(), 4096, "fake")
+    plain = ChatService(
+        FakeEngine(reply("x")),
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="fake", max_model_len=4096),
+    )
     rendered = plain.render(_chat("héllo there, a longer prompt"))
     cut = rendered.index("there")
     seen: list[str] = []
@@ -23,7 +28,12 @@ def test_prompt_is_the_stored_tokens_plus_the_tokenized_rest() -> None:
         seen.append(text)
         return (STORED, len(rendered[:cut].encode())) if text.startswith(rendered[:cut]) else None
 
-    service = ChatService(FakeEngine(reply("x")), FakeTokenizerInfo(), 4096, "fake", prompt_prefix=lookup)
+    service = ChatService(
+        FakeEngine(reply("x")),
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="fake", max_model_len=4096),
+        prompt_prefix=lookup,
+    )
     prepared = service.prepare_chat(_chat("héllo there, a longer prompt"))
     assert seen == [rendered]
     assert prepared.prompt_token_ids == STORED + plain.tokenize(rendered[cut:], add_special_tokens=False)

@@ -13,6 +13,7 @@ from kvserve.api import sse
 from kvserve.api.app import create_app
 from kvserve.api.settings import ApiSettings
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from tests.api.conftest import MODEL
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 
@@ -20,7 +21,9 @@ from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 async def test_a_client_that_stops_reading_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sse, "SEND_STALL_S", 0.1)
     engine = FakeEngine(reply("x" * 1000), token_delay_s=0.001)
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, MODEL)
+    service = ChatService(
+        engine, FakeTokenizerInfo(), ChatServiceSettings(model_name=MODEL, max_model_len=4096)
+    )
     app = create_app(service, ApiSettings(served_model_name=MODEL))
     body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "stream": True}).encode()
     requests = [{"type": "http.request", "body": body, "more_body": False}]

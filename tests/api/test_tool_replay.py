@@ -8,11 +8,14 @@ template drops past reasoning, so only a live continuation keeps those tokens.
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from kvserve.reasoning import SYNTAXES as REASONING
 from kvserve.serving.live_sequences import LiveSequences
 from kvserve.serving.segmenter import OutputSyntax
+from kvserve.serving.shared_state import LiveSequenceSaved, SharedState, ToolCallsSampled
 from kvserve.serving.tool_memory import ToolReplayMemory
 from tests.api.conftest import Harness, make_harness
 from tests.api.fake_engine import BLOCK_SIZE, ByteTokenizer, FakeEngine, reply
@@ -169,6 +172,27 @@ async def test_responses_gone_state_is_409_and_full_replay_still_works(h: Harnes
     replay = await h.openai.responses.create(model="m", input=[user, call, output], tools=RESPONSES_TOOLS)
     assert replay.output_text == ANSWER
     assert CALL.split("Let me check.")[1] in _text(h.engine.requests[1][0])  # the sampled bytes
+
+
+async def test_another_front_end_continues_what_this_one_shared(h: Harness) -> None:
+    """`serve --api-servers`: the second turn lands on another front end, which learned the first
+    turn's live sequence and call markup from this one's shared messages (pickled, as on the pipe)."""
+    other = _harness(think=True)
+    shared: list[SharedState] = []
+
+    def share(message: SharedState) -> None:
+        shared.append(message)
+        other.service.apply_shared(pickle.loads(pickle.dumps(message)))
+
+    h.service.share = share
+    _, call_id = await _responses_call(h)
+    assert [type(m) for m in shared] == [ToolCallsSampled, LiveSequenceSaved]
+    assert other.service.tool_memory is not None and other.service.tool_memory.knows(call_id)
+    output = {"type": "function_call_output", "call_id": call_id, "output": "18 C"}
+    second = await other.openai.responses.create(model="m", input=[output], tools=RESPONSES_TOOLS)
+    assert second.output_text == ANSWER
+    assert other.engine.requests[0][0] == _turn1_tokens(h) + ByteTokenizer().encode(TAIL)
+    await other.http.aclose()
 
 
 # -- Anthropic -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ def serve_model(model: str, max_model_len: int) -> Iterator[str]:
     from kvserve.engine.build import build_engine
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.chat_settings import ChatServiceSettings
     from kvserve.serving.segmenter import OutputSyntax
 
     config = EngineConfig(
@@ -43,7 +44,11 @@ def serve_model(model: str, max_model_len: int) -> Iterator[str]:
     engine = AsyncEngineClient(core)
     syntax = OutputSyntax.detect(core.loaded.tokenizer.chat_template)
     service = ChatService(
-        engine, core.loaded.tokenizer, core.max_model_len, model, segmenter_factory=syntax.segmenter
+        engine,
+        core.loaded.tokenizer,
+        ChatServiceSettings(
+            model_name=model, max_model_len=core.max_model_len, segmenter_factory=syntax.segmenter
+        ),
     )
     app = create_app(service, ApiSettings(served_model_name=model))
     try:

@@ -26,10 +26,15 @@ def server_url() -> Iterator[str]:
     from kvserve.engine.build import build_engine
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.chat_settings import ChatServiceSettings
 
     core = build_engine(EngineConfig(model="smollm2", device="cpu", max_model_len=1024), progress=False)
     engine = AsyncEngineClient(core)
-    service = ChatService(engine, core.loaded.tokenizer, core.max_model_len, "smollm2")
+    service = ChatService(
+        engine,
+        core.loaded.tokenizer,
+        ChatServiceSettings(model_name="smollm2", max_model_len=core.max_model_len),
+    )
     with serve_in_thread(create_app(service, ApiSettings(served_model_name="smollm2"))) as (url, _):
         yield url
     engine.shutdown()

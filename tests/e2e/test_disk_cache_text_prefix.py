@@ -15,6 +15,7 @@ from kvserve.config import EngineConfig, KVStoreConfig
 from kvserve.engine.core import EngineCore
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 
 pytestmark = pytest.mark.model
 
@@ -47,7 +48,10 @@ def test_next_turn_reuses_the_sampled_tokens_through_the_text_lookup(tmp_path: P
     first = build_engine(config, progress=False)
     assert first.disk_tier is not None
     service = ChatService(
-        None, first.loaded.tokenizer, 2048, "smollm2", prompt_prefix=first.disk_tier.text_prefix
+        None,
+        first.loaded.tokenizer,
+        ChatServiceSettings(model_name="smollm2", max_model_len=2048),
+        prompt_prefix=first.disk_tier.text_prefix,
     )  # type: ignore[arg-type]
     system = "You are a careful assistant. " + " ".join(
         f"Rule {i}: answer in plain words." for i in range(90)

@@ -54,6 +54,7 @@ def url() -> Iterator[str]:
     from kvserve.engine.build import build_engine
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.chat_settings import ChatServiceSettings
     from kvserve.serving.segmenter import OutputSyntax
 
     core = build_engine(
@@ -64,12 +65,14 @@ def url() -> Iterator[str]:
     service = ChatService(
         engine,
         core.loaded.tokenizer,
-        core.max_model_len,
-        "smollm2",
-        segmenter_factory=syntax.segmenter,
-        tool_syntax=syntax.tool_parser,
-        vocab_size=core.loaded.arch.vocab_size,
-        reasoning_syntax=syntax.reasoning,
+        ChatServiceSettings(
+            model_name="smollm2",
+            max_model_len=core.max_model_len,
+            segmenter_factory=syntax.segmenter,
+            tool_syntax=syntax.tool_parser,
+            vocab_size=core.loaded.arch.vocab_size,
+            reasoning_syntax=syntax.reasoning,
+        ),
     )
     with serve_in_thread(create_app(service, ApiSettings(served_model_name="smollm2"))) as (address, _):
         yield address

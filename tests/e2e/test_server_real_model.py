@@ -43,6 +43,7 @@ def real_server() -> Iterator[RealServer]:
     from kvserve.engine.build import build_engine
     from kvserve.engine.client import AsyncEngineClient
     from kvserve.serving.chat_service import ChatService
+    from kvserve.serving.chat_settings import ChatServiceSettings
 
     core = build_engine(
         # The CLI's defaults (dtype and weight quant auto: int4 decode for the Q4 GGUF, bf16 prompt
@@ -51,7 +52,11 @@ def real_server() -> Iterator[RealServer]:
         progress=False,
     )
     engine = AsyncEngineClient(core)
-    service = ChatService(engine, core.loaded.tokenizer, core.max_model_len, "smollm2")
+    service = ChatService(
+        engine,
+        core.loaded.tokenizer,
+        ChatServiceSettings(model_name="smollm2", max_model_len=core.max_model_len),
+    )
     app = create_app(
         service, ApiSettings(served_model_name="smollm2"), engine_stats=lambda: _engine_stats(core)
     )

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvserve.env import switches
+
 logger = logging.getLogger(__name__)
 
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -30,7 +32,7 @@ _SOURCES = (
     "decode_attention.cpp",
     "decode_stack.cpp",
 )
-ENABLED = os.environ.get("KVSERVE_CPU_KERNELS", "1") != "0"
+ENABLED = switches().is_cpu_kernels_enabled  # an A/B script flips it, then clears load()'s cache
 
 
 def cpu_flags() -> set[str]:

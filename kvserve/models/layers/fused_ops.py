@@ -10,15 +10,14 @@ path bit for bit in bf16 up to the fp32 reduction order of the norm.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from kvserve.env import switches
 from kvserve.models.layers.triton_launch import pdl_enter, use_pdl
 
-ENABLED = os.environ.get("KVSERVE_FUSED_OPS", "1") != "0"
+ENABLED = switches().is_fused_ops_enabled  # read at every call: tests and A/B scripts flip it
 
 
 def use_fused(x: torch.Tensor) -> bool:

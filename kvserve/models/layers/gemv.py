@@ -13,12 +13,12 @@ each op's output rounded to the activation dtype), so only the fp32 summation or
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from kvserve.env import switches
 from kvserve.models.layers.triton_launch import INTERPRETING, pdl_enter, use_pdl
 
 # The greedy head's partial maxima go to this many int64 slots (see logits_argmax).
@@ -167,9 +167,9 @@ _tuned_argmax_kernel = triton.autotune(
 
 # Weights up to this size (MB) load whole before the PDL wait: every program takes one full row
 # segment (BLOCK_K >= K), so the whole matrix is read while the kernels before it still run.
-FULL_K_MAX_MB = float(os.environ.get("KVSERVE_GEMV_FULL_K_MB", "16"))
+FULL_K_MAX_MB = switches().gemv_full_k_max_mb
 # The one-token LM head as a GEMV with its argmax fused (logits_argmax); else cuBLAS.
-HEAD_ENABLED = os.environ.get("KVSERVE_GEMV_HEAD", "1") != "0"
+HEAD_ENABLED = switches().is_gemv_head_enabled
 
 
 @functools.cache

@@ -21,11 +21,12 @@ it off (for A/B measurements); GPUs before compute capability 9 lack the instruc
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from kvserve.env import switches
 
 
 def _interpreting() -> bool:
@@ -38,7 +39,7 @@ def _interpreting() -> bool:
 INTERPRETING = _interpreting()
 
 # Read at every launch (not only at import), so an A/B script can flip it between engines.
-PDL_ENABLED = os.environ.get("KVSERVE_PDL", "1") != "0"
+PDL_ENABLED = switches().is_pdl_enabled
 
 
 @functools.cache

@@ -13,6 +13,7 @@ from kvserve.api.app import create_app
 from kvserve.api.settings import ApiSettings
 from kvserve.cli.embedded import serve_in_thread
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.segmenter import OutputSyntax
 from tests.api.fake_engine import ByteTokenizer, FakeEngine, FakeTokenizerInfo, reply
 
@@ -67,7 +68,11 @@ def scripted_server(
         chunk_delay_s=chunk_delay_s,
     )
     syntax = OutputSyntax.detect(None, "hermes")
-    service = ChatService(engine, FakeTokenizerInfo(), ctx, "scripted", segmenter_factory=syntax.segmenter)
+    service = ChatService(
+        engine,
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="scripted", max_model_len=ctx, segmenter_factory=syntax.segmenter),
+    )
     app = create_app(service, ApiSettings(served_model_name="scripted"))
     with serve_in_thread(app) as (url, _server):
         yield ScriptedServer(url, engine, script)

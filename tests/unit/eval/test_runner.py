@@ -20,6 +20,7 @@ from kvserve.eval.result import CaseResult
 from kvserve.eval.runner import EvalRunner, RunSettings
 from kvserve.eval.trace import TraceWriter, read_trace, regrade
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.segmenter import OutputSyntax
 from tests.api.fake_engine import ByteTokenizer, FakeEngine, FakeTokenizerInfo, reply
 
@@ -44,7 +45,11 @@ def _script(prompt_ids: list[int]) -> list[int]:
 def server() -> Iterator[tuple[str, FakeEngine]]:
     engine = FakeEngine(_script)
     syntax = OutputSyntax.detect(None, "hermes")
-    service = ChatService(engine, FakeTokenizerInfo(), 2048, "fake", segmenter_factory=syntax.segmenter)
+    service = ChatService(
+        engine,
+        FakeTokenizerInfo(),
+        ChatServiceSettings(model_name="fake", max_model_len=2048, segmenter_factory=syntax.segmenter),
+    )
     with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (url, _):
         yield url, engine
 
@@ -155,7 +160,9 @@ async def test_parallel_is_the_number_of_requests_in_flight(parallel: int) -> No
         return reply("Answer: 85")
 
     engine = FakeEngine(script, token_delay_s=0.05)  # 0.5 s a reply: the first ones overlap
-    service = ChatService(engine, FakeTokenizerInfo(), 2048, "fake")
+    service = ChatService(
+        engine, FakeTokenizerInfo(), ChatServiceSettings(model_name="fake", max_model_len=2048)
+    )
     with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (url, _):
         results = await _run(url, list(SMOKE)[:5], parallel=parallel, retries=0)
     assert len(in_flight) == 5 and all(r.status.is_done for r in results)

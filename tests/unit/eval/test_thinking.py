@@ -18,6 +18,7 @@ from kvserve.eval.grade import CaseStatus
 from kvserve.eval.result import CaseResult
 from kvserve.eval.runner import EvalRunner, RunSettings
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.segmenter import OutputSyntax
 from tests.api.fake_engine import ByteTokenizer, FakeEngine, FakeTokenizerInfo, reply
 
@@ -53,7 +54,11 @@ def server() -> Iterator[tuple[str, FakeEngine]]:
     syntax = OutputSyntax.detect(TEMPLATE)
     assert syntax.reasoning is not None  # the template's </think> is what turns reasoning parsing on
     info = FakeTokenizerInfo(chat_template=TEMPLATE)
-    service = ChatService(engine, info, 2048, "fake", segmenter_factory=syntax.segmenter)
+    service = ChatService(
+        engine,
+        info,
+        ChatServiceSettings(model_name="fake", max_model_len=2048, segmenter_factory=syntax.segmenter),
+    )
     with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (url, _):
         yield url, engine
 

@@ -27,6 +27,7 @@ from kvserve.eval.result import CaseResult
 from kvserve.eval.runner import EvalRunner, RunSettings
 from kvserve.eval.tui import _handle, _View
 from kvserve.serving.chat_service import ChatService
+from kvserve.serving.chat_settings import ChatServiceSettings
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,7 +36,9 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture
 def url() -> Iterator[str]:
     engine = FakeEngine(reply("Answer: 85"), token_delay_s=0.01)
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake")
+    service = ChatService(
+        engine, FakeTokenizerInfo(), ChatServiceSettings(model_name="fake", max_model_len=4096)
+    )
     with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (base, _):
         yield base
 
@@ -86,7 +89,9 @@ def _default_sigint() -> None:
 
 def test_ctrl_c_in_plain_mode_still_reports(tmp_path: Path) -> None:
     engine = FakeEngine(reply("Answer: 85 " * 50), token_delay_s=0.2)  # slow: still running at Ctrl-C
-    service = ChatService(engine, FakeTokenizerInfo(), 4096, "fake")
+    service = ChatService(
+        engine, FakeTokenizerInfo(), ChatServiceSettings(model_name="fake", max_model_len=4096)
+    )
     with serve_in_thread(create_app(service, ApiSettings(served_model_name="fake"))) as (base, _):
         child = pexpect.spawn(
             sys.executable,

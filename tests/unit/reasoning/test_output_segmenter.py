@@ -151,7 +151,7 @@ class _CharDecoder:
     ],
 )
 def test_plugs_into_the_output_pipeline(engine_reason: str, output: str, reason: str) -> None:
-    """The seam ChatService(segmenter_factory=...) feeds: token by token, then finish."""
+    """The seam ChatServiceSettings(segmenter_factory=...) feeds: token by token, then finish."""
     syntax = OutputSyntax.detect("<tool_call> </think>")
     pipeline = OutputPipeline(
         IncrementalDetokenizer(_CharDecoder()), StopMatcher(()), syntax.segmenter(REQUEST)
