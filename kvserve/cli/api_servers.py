@@ -31,6 +31,16 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from kvserve.api.errors import ApiError
+from kvserve.api.front_end_questions import (
+    ConsoleHitRate,
+    ConsoleQuestion,
+    ConsoleRequest,
+    ConsoleRequests,
+    LiveRequests,
+    MetricsSnapshot,
+    PrimaryAnswer,
+    Question,
+)
 from kvserve.engine.client import EngineDeadError
 from kvserve.engine.engine_process import GATHER_TIMEOUT_S
 
@@ -90,7 +100,7 @@ def wire_front_end(app: FastAPI, link: EngineLink, index: int) -> None:
     service.share = link.tell  # the next turn of a conversation may land on another front end
     link.on_told = functools.partial(_told, service, index)
     link.on_ask = functools.partial(_answer, app, index)
-    app.state.metrics.peers = functools.partial(_gather, link, "metrics")
+    app.state.metrics.peers = functools.partial(_gather, link, MetricsSnapshot())
     console = app.state.console
     if index == 0:
         peer_live = functools.partial(_gather_live, link)
@@ -116,43 +126,45 @@ def _told(service: ChatService, index: int, message: SharedState | ForwardedReco
             service.apply_shared(message)
 
 
-def _answer(app: FastAPI, index: int, name: str, args: tuple[Any, ...]) -> Any:
+def _answer(app: FastAPI, index: int, question: object) -> Any:
     """What this front end tells another one that asks (`EngineLink.on_ask`)."""
     from kvserve.api.console.routes import request_model, requests_response
 
     console = app.state.console
-    if name == "metrics":
-        return app.state.metrics.snapshot()
-    if name == "live":
-        return console.recorder.live()
-    if index != 0:  # the console's questions are front end 0's to answer
-        return None
-    if name == "console_requests":
-        return ("from 0", requests_response(console, *args).model_dump())
-    if name == "console_request":
-        found = request_model(console, *args)
-        return ("from 0", None if found is None else found.model_dump())
-    if name == "console_hit_rate":
-        return ("from 0", console.recorder.hit_rate_series())
-    raise LookupError(f"unknown front-end question {name!r}")
+    match question:
+        case MetricsSnapshot():
+            return app.state.metrics.snapshot()
+        case LiveRequests():
+            return console.recorder.live()
+        case ConsoleRequests() | ConsoleRequest() | ConsoleHitRate() if index != 0:
+            return None  # the console's questions are front end 0's to answer
+        case ConsoleRequests(after, limit):
+            return PrimaryAnswer(requests_response(console, after, limit).model_dump())
+        case ConsoleRequest(request_id):
+            found = request_model(console, request_id)
+            return PrimaryAnswer(None if found is None else found.model_dump())
+        case ConsoleHitRate():
+            return PrimaryAnswer(console.recorder.hit_rate_series())
+        case _:
+            raise LookupError(f"unknown front-end question {question!r}")
 
 
-def _gather(link: EngineLink, name: str, *args: Any) -> list[Any]:
+def _gather(link: EngineLink, question: Question) -> list[Any]:
     """The other front ends' answers (none, logged, when they cannot be had: the caller still
     answers with its own)."""
     try:
-        return link.gather(name, *args, timeout=GATHER_TIMEOUT_S + 5)
+        return link.gather(question, timeout=GATHER_TIMEOUT_S + 5)
     except (concurrent.futures.TimeoutError, EngineDeadError) as error:
-        logger.warning("the other API front ends did not answer %r (%r)", name, error)
+        logger.warning("the other API front ends did not answer %r (%r)", question, error)
         return []
 
 
 def _gather_live(link: EngineLink) -> list[Any]:
-    return [r for answer in _gather(link, "live") if answer is not None for r in answer]
+    return [r for answer in _gather(link, LiveRequests()) if answer is not None for r in answer]
 
 
-def _ask_primary(link: EngineLink, name: str, args: tuple[Any, ...]) -> Any:
-    for answer in _gather(link, name, *args):
-        if isinstance(answer, tuple) and answer[0] == "from 0":
-            return answer[1]
+def _ask_primary(link: EngineLink, question: ConsoleQuestion) -> Any:
+    for answer in _gather(link, question):
+        if isinstance(answer, PrimaryAnswer):
+            return answer.value
     raise ApiError(503, "the API front end that keeps the console's records did not answer")

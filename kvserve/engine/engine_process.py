@@ -337,7 +337,7 @@ class EngineProcess:
             future: concurrent.futures.Future[Any] = concurrent.futures.Future()
             future.link = other.index  # type: ignore[attr-defined]
             self.gathers[ask_id] = asked[ask_id] = future
-            self.send_to(other.index, ipc.Ask(ask_id, message.name, message.args))
+            self.send_to(other.index, ipc.Ask(ask_id, message.question))
         answers = []
         for ask_id, future in asked.items():
             try:

@@ -77,11 +77,11 @@ class Tell:
 
 @dataclass(frozen=True, slots=True)
 class Gather:
-    """Ask every other front end `name(args)`; the engine replies with the list of answers."""
+    """Ask every other front end `question` (a front end's own type, e.g.
+    `api/front_end_questions.py`); the engine replies with the list of answers."""
 
     query_id: int
-    name: str
-    args: tuple[Any, ...]
+    question: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +145,7 @@ class Ask:
     """Another front end's `Gather`, for this one to answer with a `PeerAnswer`."""
 
     ask_id: int
-    name: str
-    args: tuple[Any, ...]
+    question: object
 
 
 @dataclass(frozen=True, slots=True)

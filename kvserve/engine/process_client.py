@@ -17,8 +17,8 @@ starts (`EngineLink(conn)` in each).
 - A token constraint crosses as its recipe (`constraint.recipe`, `grammar.constraint`), rebuilt
   against the engine's tokenizer in the child.
 - The disk tier's per-request prompt source comes back as an event (`on_source`).
-- Between front ends: `tell(message)` reaches every other front end's `on_told`; `gather(name)`
-  returns every other front end's `on_ask(name, args)`.
+- Between front ends: `tell(message)` reaches every other front end's `on_told`; `gather(question)`
+  returns every other front end's `on_ask(question)`.
 - The child ends when the first pipe closes (the server exited) or on `shutdown()`, after the
   engine's own shutdown (the disk tier's shutdown saves).
 """
@@ -75,7 +75,7 @@ class EngineLink:
         self._closing = False
         self.on_source: SourceCallback | None = None
         self.on_told: Callable[[Any], None] | None = None
-        self.on_ask: Callable[[str, tuple[Any, ...]], Any] | None = None
+        self.on_ask: Callable[[object], Any] | None = None
         self.on_dead: Callable[[str], None] | None = None
         self.info = self._await_ready(start_timeout)
         self._reader = threading.Thread(target=self._read, name="kvserve-engine-reader", daemon=True)
@@ -133,12 +133,12 @@ class EngineLink:
         """Ask the engine process (`answer(core, query)` there); blocks the calling thread."""
         return self._ask(lambda query_id: ipc.Query(query_id, query), timeout)
 
-    def gather(self, name: str, *args: Any, timeout: float = 60.0) -> list[Any]:
-        """Every other front end's `on_ask(name, args)` (None from one that did not answer in
+    def gather(self, question: object, timeout: float = 60.0) -> list[Any]:
+        """Every other front end's `on_ask(question)` (None from one that did not answer in
         time); blocks the calling thread. [] when this is the only front end."""
         if self.info.num_front_ends == 1:
             return []
-        return self._ask(lambda query_id: ipc.Gather(query_id, name, args), timeout)
+        return self._ask(lambda query_id: ipc.Gather(query_id, question), timeout)
 
     def tell(self, message: Any) -> None:
         """`message` to every other front end's `on_told` (state they replicate)."""
@@ -260,9 +260,9 @@ class EngineLink:
         value = None
         try:
             if self.on_ask is not None:
-                value = self.on_ask(ask.name, ask.args)
+                value = self.on_ask(ask.question)
         except Exception:  # the asking front end gets None from this one
-            logger.exception("answering %r for another front end", ask.name)
+            logger.exception("answering %r for another front end", ask.question)
         try:
             self._send(ipc.PeerAnswer(ask.ask_id, value))
         except OSError:

@@ -181,3 +181,26 @@ def test_metrics_of_front_ends_sum_per_sample() -> None:
     assert "kvserve_time_to_first_token_seconds_count 2.0" in text
     assert 'kvserve_time_to_first_token_seconds_bucket{le="0.1"} 1.0' in text
     assert text.count("# TYPE kvserve_http_requests_total counter") == 1
+
+
+def test_front_end_questions_are_answered_by_type() -> None:
+    """Front ends answer each other's typed questions: metrics and live requests from every front
+    end, the console's questions from front end 0 only (as a `PrimaryAnswer`), and an unknown
+    question is an error, not a silent None."""
+    from types import SimpleNamespace
+
+    from kvserve.api.front_end_questions import ConsoleHitRate, LiveRequests, MetricsSnapshot, PrimaryAnswer
+    from kvserve.cli.api_servers import _answer
+
+    recorder = SimpleNamespace(live=lambda: ["in flight"], hit_rate_series=lambda: [0.5])
+    app = SimpleNamespace(
+        state=SimpleNamespace(
+            metrics=SimpleNamespace(snapshot=lambda: {"n": 1}), console=SimpleNamespace(recorder=recorder)
+        )
+    )
+    assert _answer(app, 1, MetricsSnapshot()) == {"n": 1}
+    assert _answer(app, 1, LiveRequests()) == ["in flight"]
+    assert _answer(app, 1, ConsoleHitRate()) is None
+    assert _answer(app, 0, ConsoleHitRate()) == PrimaryAnswer([0.5])
+    with pytest.raises(LookupError, match="unknown front-end question"):
+        _answer(app, 0, "console_hit_rate")

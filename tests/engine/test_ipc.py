@@ -34,7 +34,7 @@ MESSAGES = [
     ipc.AbortRequest("r1"),
     ipc.Query(7, engine_host.CheckpointTokensQuery("c1")),
     ipc.Tell(("request_record", {"id": "r1"})),
-    ipc.Gather(8, "metrics", (1, "two")),
+    ipc.Gather(8, ("a question", 1)),
     ipc.PeerAnswer(3, {"requests": 2}),
     ipc.Shutdown(),
     ipc.Ready(INFO),
@@ -43,7 +43,7 @@ MESSAGES = [
     ipc.Reply(7, [5, 6]),
     ipc.Reply(8, error=LookupError("no such query")),
     ipc.PromptSourceFound("r1", 64, 128, "c1"),
-    ipc.Ask(4, "live", ()),
+    ipc.Ask(4, ("a question", 1)),
     ipc.EngineDied("RuntimeError: boom"),
 ]
 QUERIES = [

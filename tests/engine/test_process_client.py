@@ -237,6 +237,13 @@ def test_steps_that_piled_up_leave_as_one_output_per_request() -> None:
     assert coalesce(steps[:1]) is steps[0]
 
 
+@dataclass(frozen=True, slots=True)
+class _Question:
+    """A front end's own question type: the engine relays any picklable object."""
+
+    after: int
+
+
 async def test_two_front_ends_share_the_engine(tiny_llama_dir: Path) -> None:
     """Each front end gets its own requests' outputs only; one that goes away has its requests
     aborted while the other goes on; tell and gather reach the other front end."""
@@ -250,9 +257,10 @@ async def test_two_front_ends_share_the_engine(tiny_llama_dir: Path) -> None:
         assert first.num_front_ends == second.num_front_ends == 2
         told: list[object] = []
         second.on_told = told.append
-        second.on_ask = lambda name, args: (name, args, "second")
+        second.on_ask = lambda question: (question, "second")
         first.tell({"call": "x"})
-        assert await asyncio.to_thread(first.gather, "metrics", 1) == [("metrics", (1,), "second")]
+        question = _Question(1)
+        assert await asyncio.to_thread(first.gather, question) == [(question, "second")]
         for _ in range(100):
             if told:
                 break

@@ -31,6 +31,7 @@ from kvserve.api.console.schema import (
     RequestsResponse,
 )
 from kvserve.api.errors import ApiError
+from kvserve.api.front_end_questions import ConsoleHitRate, ConsoleQuestion, ConsoleRequest, ConsoleRequests
 from kvserve.serving.cache_view import CacheView, CacheViewSource, CheckpointView
 from kvserve.serving.engine_stats import EngineStatsSource
 from kvserve.serving.prompt_divergence import DivergenceFinder
@@ -47,14 +48,14 @@ page_router = APIRouter(include_in_schema=False)
 class ConsoleState:
     """With several API front ends (`serve --api-servers`) front end 0's recorder holds every
     finished request: it adds the others' requests in flight (`peer_live`), and the others answer
-    the console from it (`ask_primary(name, args)`, blocking)."""
+    the console from it (`ask_primary(question)`, blocking)."""
 
     recorder: RequestRecorder
     divergences: DivergenceFinder
     cache_view: CacheViewSource | None = None
     engine_stats: EngineStatsSource | None = None
     peer_live: Callable[[], list[LiveRequest]] | None = None
-    ask_primary: Callable[[str, tuple[Any, ...]], Any] | None = None
+    ask_primary: Callable[[ConsoleQuestion], Any] | None = None
 
 
 def _state(request: Request) -> ConsoleState:
@@ -76,7 +77,7 @@ async def list_requests(
     came from, and where it diverged from the best earlier prefix)."""
     state = _state(request)
     if state.ask_primary is not None:
-        found = await run_in_threadpool(state.ask_primary, "console_requests", (after, limit))
+        found = await run_in_threadpool(state.ask_primary, ConsoleRequests(after, limit))
         return RequestsResponse.model_validate(found)
     live = state.recorder.live()  # on the loop: reads runs
     return await run_in_threadpool(requests_response, state, after, limit, live)
@@ -101,7 +102,7 @@ def requests_response(
 async def get_request(request_id: str, request: Request) -> RequestRecordModel:
     state = _state(request)
     if state.ask_primary is not None:
-        found = await run_in_threadpool(state.ask_primary, "console_request", (request_id,))
+        found = await run_in_threadpool(state.ask_primary, ConsoleRequest(request_id))
     else:
         found = await run_in_threadpool(request_model, state, request_id)
     if found is None:
@@ -170,7 +171,7 @@ async def list_checkpoints(
 
 async def _hit_rate_series(state: ConsoleState) -> list[HitRateBucket]:
     if state.ask_primary is not None:
-        return await run_in_threadpool(state.ask_primary, "console_hit_rate", ())
+        return await run_in_threadpool(state.ask_primary, ConsoleHitRate())
     return state.recorder.hit_rate_series()
 
 
