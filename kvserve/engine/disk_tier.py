@@ -91,8 +91,7 @@ class DiskTier:
         self._num_hits = self._num_hit_tokens = self._num_saves = self._num_saved_bytes = 0
         self._closed = False
         self._final_stats: DiskTierStats | None = None
-        kv.on_free = self._on_free
-        kv.pool.on_evict = self._on_evict
+        kv.listen(on_free=self._on_free, on_evict=self._on_evict)
         stats = self.store.stats()
         logger.info(
             "disk KV cache %s: %d checkpoints, %.1f MiB (budget %d MiB)",
