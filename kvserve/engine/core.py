@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,16 +12,16 @@ import torch
 from kvserve.config import EngineConfig, resolve, resolve_weight_quant
 from kvserve.engine.cache_key import cache_key
 from kvserve.engine.constraint import TokenConstraint
-from kvserve.engine.disk_tier import DiskTier
+from kvserve.engine.disk_tier import DiskTier, open_kv_tier
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.kv_pool import build_runner, resolve_kv_pool
+from kvserve.engine.kv_tier import OpenKVTier
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
 from kvserve.engine.overlap import PendingStep, can_overlap
 from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
-from kvserve.kvstore.checkpoint import StoreIdentity
 from kvserve.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -34,9 +34,17 @@ PromptTooLongError = RequestTooLongError
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel, tp: TPDriver | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel,
+        tp: TPDriver | None = None,
+        open_tier: OpenKVTier = open_kv_tier,
+    ):
         """`tp`: at tensor-parallel size > 1, rank 0's driver of the other ranks (distributed/launch.py
-        builds it and `loaded` holds rank 0's shard); the engine then runs its runner through it."""
+        builds it and `loaded` holds rank 0's shard); the engine then runs its runner through it.
+        `open_tier` opens the KV tier below RAM, which the engine then binds to its pool: by default
+        the disk tier `config.kv_store` names, else none (NullKVTier)."""
         config = resolve_weight_quant(resolve(config), loaded.file_weight_quant)
         self.config = config
         self.loaded = loaded
@@ -61,13 +69,8 @@ class EngineCore:
             overlap = runner.graphs is not None
         self.async_scheduling = overlap and tp is None
         self._pending: PendingStep | None = None  # the launched step whose tokens are not read yet
-        self.disk_tier = self._open_disk_tier()
-        if (
-            self.disk_tier is not None
-            and config.kv_store is not None
-            and config.kv_store.preload_fraction > 0
-        ):
-            self.disk_tier.preload(config.kv_store.preload_fraction)
+        self.kv_tier = open_tier(config, loaded, self.cache_key)
+        self.kv_tier.bind(self.kv_manager, self.runner)
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
             self.max_model_len,
@@ -80,33 +83,12 @@ class EngineCore:
             config.device,
         )
 
-    def _open_disk_tier(self) -> DiskTier | None:
-        config = self.config.kv_store
-        if config is None:
-            return None
-        num_layers, _, head_dim = self.loaded.model.kv_cache_spec()
-        num_kv_heads = self.loaded.arch.num_key_value_heads  # all of them: TPDriver reassembles the ranks'
-        # The chunk keys are this engine's block chain hashes, whose extra key is cache_key.
-        identity = StoreIdentity(
-            self.cache_key,
-            self.config.cache.kv_dtype,  # the pool's bytes, stored as they are
-            num_layers,
-            num_kv_heads,
-            head_dim,
-            self.config.cache.block_size,
-        )
-        try:
-            return DiskTier(config, identity, self.kv_manager, self.runner, self._text_of)
-        except (OSError, ValueError, AssertionError) as error:  # unusable dir: serve without the tier
-            logger.warning("disk KV cache disabled: cannot use %s: %s", config.directory, error)
-            return None
-
-    def _text_of(self, token_ids: Sequence[int]) -> str:
-        """The rendered text of stored tokens (a checkpoint's text key)."""
-        tokenizer = self.loaded.tokenizer.tokenizer
-        if tokenizer is None:  # token-id-only engines (tests)
-            return "".join(f"<{t}>" for t in token_ids)
-        return tokenizer.decode(list(token_ids), skip_special_tokens=False)
+    @property
+    def disk_tier(self) -> DiskTier | None:
+        """The KV tier when it is the disk tier: its store, stats and text lookup serve the API and
+        the console."""
+        tier = self.kv_tier
+        return tier if isinstance(tier, DiskTier) else None
 
     def make_request(
         self,
@@ -156,21 +138,31 @@ class EngineCore:
                 return self._overlapped_step()
             if self._pending is not None:  # read it first; the next step() runs the usual way
                 return self._read_pending()
-        disk = self.disk_tier
-        if disk is not None:
-            free_slots = self.scheduler.max_num_seqs - self.scheduler.num_running
-            disk.load_prefixes(self.scheduler.waiting, free_slots)
+        tier = self.kv_tier
+        if tier.can_load:  # a plain attribute: NullKVTier costs no per-request calls here
+            self._load_from_tier()
         scheduler_output = self.scheduler.schedule()
-        if disk is not None:
-            disk.save_evicted()  # before the forward overwrites blocks handed out by schedule()
+        tier.save_evicted()  # before the forward overwrites blocks handed out by schedule()
         runner_output = (
             self.runner.execute(scheduler_output) if scheduler_output.scheduled else RunnerOutput()
         )
         outputs = self.scheduler.update(scheduler_output, runner_output)
-        if disk is not None:
-            outputs = disk.after_update(scheduler_output, outputs)
-        self.runner.release([o.request_id for o in outputs if o.finished])
+        outputs = tier.save(scheduler_output, outputs)
+        self._release_finished(outputs)
         return outputs + _prefill_progress(scheduler_output, outputs)
+
+    def _load_from_tier(self) -> None:
+        """The tier's KV of the requests about to be admitted (the head of the queue), into cached
+        pool blocks where the scheduler's prefix lookup finds it."""
+        num_slots = max(0, self.scheduler.max_num_seqs - self.scheduler.num_running)
+        for request in itertools.islice(self.scheduler.waiting, num_slots):
+            if self.kv_tier.lookup(request):
+                self.kv_tier.load(request)
+
+    def _release_finished(self, outputs: list[EngineOutput]) -> None:
+        finished_ids = [o.request_id for o in outputs if o.finished]
+        self.runner.release(finished_ids)
+        self.kv_tier.request_finished(finished_ids)
 
     def _overlapped_step(self) -> list[EngineOutput]:
         """Plan and launch the next decode step, then read the pending one (see overlap.py)."""
@@ -179,8 +171,7 @@ class EngineCore:
         scheduled = scheduler_output.scheduled
         # can_overlap() ruled out admissions, aborts and preemption: the plan is the running decodes.
         assert not scheduler_output.preempted_ids and all(s.num_new_tokens == 1 for s in scheduled)
-        if self.disk_tier is not None:
-            self.disk_tier.save_evicted()
+        self.kv_tier.save_evicted()
         if pending is None:
             tokens = self.runner.launch_greedy(scheduled)
             outputs = []
@@ -204,17 +195,15 @@ class EngineCore:
         step_ids = pending.tokens.wait()
         token_ids = [step_ids[row] for row in pending.rows]
         outputs = self.scheduler.resolve_pending(pending.requests, token_ids)
-        if self.disk_tier is not None:
-            outputs = self.disk_tier.after_update(pending.scheduler_output, outputs)
-        self.runner.release([o.request_id for o in outputs if o.finished])
+        outputs = self.kv_tier.save(pending.scheduler_output, outputs)
+        self._release_finished(outputs)
         return outputs
 
     def shutdown(self) -> None:
-        """Clean exit: save what is worth keeping to the disk tier and wait for the writes."""
+        """Clean exit: save what is worth keeping to the KV tier and wait for the writes."""
         if self._pending is not None:  # its tokens complete the requests the saves below copy
             self._read_pending()
-        if self.disk_tier is not None:
-            self.disk_tier.shutdown(self.scheduler.running)
+        self.kv_tier.shutdown(self.scheduler.running)
         if self.tp is not None:  # after the shutdown saves, which copy KV out of every rank
             self.tp.shutdown()
 
