@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from kvserve.config import EngineConfig, resolve, resolve_weight_quant
+from kvserve.engine.cache_key import cache_key
 from kvserve.engine.constraint import TokenConstraint
-from kvserve.engine.disk_tier import DiskTier
+from kvserve.engine.disk_tier import DiskTier, open_kv_tier
 from kvserve.engine.kv_cache.manager import KVCacheManager
+from kvserve.engine.kv_pool import build_runner, resolve_kv_pool
+from kvserve.engine.kv_tier import OpenKVTier
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
 from kvserve.engine.overlap import PendingStep, can_overlap
 from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
-from kvserve.kvstore.checkpoint import StoreIdentity
-from kvserve.models.layers import cpu_ext
-from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_rows
 from kvserve.models.loaded import LoadedModel
 
 if TYPE_CHECKING:
@@ -29,18 +29,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Auto-sized KV pools stay under this on CPU so a laptop keeps its RAM; --kv-cache-memory-mb overrides.
-_AUTO_KV_CAP_MB = 4096
-
-
 # The prompt does not fit the context (or the KV pool); the API maps it to context_length_exceeded.
 PromptTooLongError = RequestTooLongError
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel, tp: TPDriver | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel,
+        tp: TPDriver | None = None,
+        open_tier: OpenKVTier = open_kv_tier,
+    ):
         """`tp`: at tensor-parallel size > 1, rank 0's driver of the other ranks (tensor_parallel/launch.py
-        builds it and `loaded` holds rank 0's shard); the engine then runs its runner through it."""
+        builds it and `loaded` holds rank 0's shard); the engine then runs its runner through it.
+        `open_tier` opens the KV tier below RAM, which the engine then binds to its pool: by default
+        the disk tier `config.kv_store` names, else none (NullKVTier)."""
         config = resolve_weight_quant(resolve(config), loaded.file_weight_quant)
         self.config = config
         self.loaded = loaded
@@ -50,15 +54,7 @@ class EngineCore:
         if tp is not None:
             self.num_blocks = tp.group.min_int(self.num_blocks)  # every rank's pool holds as many blocks
         block_size = config.cache.block_size
-        # KV computed with quantized weights differs from dense KV: never share blocks between them.
-        # So does KV prefilled on other weights than the dense fp32 ones.
-        # The label names the arithmetic (bf16 GEMMs, attention and MLP activation), so KV from a
-        # build that prefilled with other bf16 arithmetic is never reused.
-        bf16 = ":bf16-prefill-attn-mlp"
-        prefill = ":int8-prefill" if config.int8_prefill else bf16 if config.bf16_prefill else ""
-        # And KV held in another dtype than the compute (fp16 under fp32) is rounded KV.
-        kv = f":kv-{config.cache.kv_dtype}" if config.cache.kv_dtype != config.dtype else ""
-        self.cache_key = f"{loaded.fingerprint}:{config.dtype}:{config.weight_quant}{prefill}{kv}"
+        self.cache_key = cache_key(config, loaded.fingerprint)
         self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=self.cache_key)
         self.scheduler = Scheduler(
             max_num_seqs=config.scheduler.max_num_seqs,
@@ -73,13 +69,8 @@ class EngineCore:
             overlap = runner.graphs is not None
         self.async_scheduling = overlap and tp is None
         self._pending: PendingStep | None = None  # the launched step whose tokens are not read yet
-        self.disk_tier = self._open_disk_tier()
-        if (
-            self.disk_tier is not None
-            and config.kv_store is not None
-            and config.kv_store.preload_fraction > 0
-        ):
-            self.disk_tier.preload(config.kv_store.preload_fraction)
+        self.kv_tier = open_tier(config, loaded, self.cache_key)
+        self.kv_tier.bind(self.kv_manager, self.runner)
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
             self.max_model_len,
@@ -92,33 +83,12 @@ class EngineCore:
             config.device,
         )
 
-    def _open_disk_tier(self) -> DiskTier | None:
-        config = self.config.kv_store
-        if config is None:
-            return None
-        num_layers, _, head_dim = self.loaded.model.kv_cache_spec()
-        num_kv_heads = self.loaded.arch.num_key_value_heads  # all of them: TPDriver reassembles the ranks'
-        # The chunk keys are this engine's block chain hashes, whose extra key is cache_key.
-        identity = StoreIdentity(
-            self.cache_key,
-            self.config.cache.kv_dtype,  # the pool's bytes, stored as they are
-            num_layers,
-            num_kv_heads,
-            head_dim,
-            self.config.cache.block_size,
-        )
-        try:
-            return DiskTier(config, identity, self.kv_manager, self.runner, self._text_of)
-        except (OSError, ValueError, AssertionError) as error:  # unusable dir: serve without the tier
-            logger.warning("disk KV cache disabled: cannot use %s: %s", config.directory, error)
-            return None
-
-    def _text_of(self, token_ids: Sequence[int]) -> str:
-        """The rendered text of stored tokens (a checkpoint's text key)."""
-        tokenizer = self.loaded.tokenizer.tokenizer
-        if tokenizer is None:  # token-id-only engines (tests)
-            return "".join(f"<{t}>" for t in token_ids)
-        return tokenizer.decode(list(token_ids), skip_special_tokens=False)
+    @property
+    def disk_tier(self) -> DiskTier | None:
+        """The KV tier when it is the disk tier: its store, stats and text lookup serve the API and
+        the console."""
+        tier = self.kv_tier
+        return tier if isinstance(tier, DiskTier) else None
 
     def make_request(
         self,
@@ -168,21 +138,31 @@ class EngineCore:
                 return self._overlapped_step()
             if self._pending is not None:  # read it first; the next step() runs the usual way
                 return self._read_pending()
-        disk = self.disk_tier
-        if disk is not None:
-            free_slots = self.scheduler.max_num_seqs - self.scheduler.num_running
-            disk.load_prefixes(self.scheduler.waiting, free_slots)
+        tier = self.kv_tier
+        if tier.can_load:  # a plain attribute: NullKVTier costs no per-request calls here
+            self._load_from_tier()
         scheduler_output = self.scheduler.schedule()
-        if disk is not None:
-            disk.save_evicted()  # before the forward overwrites blocks handed out by schedule()
+        tier.save_evicted()  # before the forward overwrites blocks handed out by schedule()
         runner_output = (
             self.runner.execute(scheduler_output) if scheduler_output.scheduled else RunnerOutput()
         )
         outputs = self.scheduler.update(scheduler_output, runner_output)
-        if disk is not None:
-            outputs = disk.after_update(scheduler_output, outputs)
-        self.runner.release([o.request_id for o in outputs if o.finished])
+        outputs = tier.save(scheduler_output, outputs)
+        self._release_finished(outputs)
         return outputs + _prefill_progress(scheduler_output, outputs)
+
+    def _load_from_tier(self) -> None:
+        """The tier's KV of the requests about to be admitted (the head of the queue), into cached
+        pool blocks where the scheduler's prefix lookup finds it."""
+        num_slots = max(0, self.scheduler.max_num_seqs - self.scheduler.num_running)
+        for request in itertools.islice(self.scheduler.waiting, num_slots):
+            if self.kv_tier.lookup(request):
+                self.kv_tier.load(request)
+
+    def _release_finished(self, outputs: list[EngineOutput]) -> None:
+        finished_ids = [o.request_id for o in outputs if o.finished]
+        self.runner.release(finished_ids)
+        self.kv_tier.request_finished(finished_ids)
 
     def _overlapped_step(self) -> list[EngineOutput]:
         """Plan and launch the next decode step, then read the pending one (see overlap.py)."""
@@ -191,8 +171,7 @@ class EngineCore:
         scheduled = scheduler_output.scheduled
         # can_overlap() ruled out admissions, aborts and preemption: the plan is the running decodes.
         assert not scheduler_output.preempted_ids and all(s.num_new_tokens == 1 for s in scheduled)
-        if self.disk_tier is not None:
-            self.disk_tier.save_evicted()
+        self.kv_tier.save_evicted()
         if pending is None:
             tokens = self.runner.launch_greedy(scheduled)
             outputs = []
@@ -216,17 +195,15 @@ class EngineCore:
         step_ids = pending.tokens.wait()
         token_ids = [step_ids[row] for row in pending.rows]
         outputs = self.scheduler.resolve_pending(pending.requests, token_ids)
-        if self.disk_tier is not None:
-            outputs = self.disk_tier.after_update(pending.scheduler_output, outputs)
-        self.runner.release([o.request_id for o in outputs if o.finished])
+        outputs = self.kv_tier.save(pending.scheduler_output, outputs)
+        self._release_finished(outputs)
         return outputs
 
     def shutdown(self) -> None:
-        """Clean exit: save what is worth keeping to the disk tier and wait for the writes."""
+        """Clean exit: save what is worth keeping to the KV tier and wait for the writes."""
         if self._pending is not None:  # its tokens complete the requests the saves below copy
             self._read_pending()
-        if self.disk_tier is not None:
-            self.disk_tier.shutdown(self.scheduler.running)
+        self.kv_tier.shutdown(self.scheduler.running)
         if self.tp is not None:  # after the shutdown saves, which copy KV out of every rank
             self.tp.shutdown()
 
@@ -258,88 +235,3 @@ def _prefill_progress(scheduler_output: SchedulerOutput, outputs: list[EngineOut
         and not s.request.is_finished
         and not s.request.output_token_ids
     ]
-
-
-def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
-    """(max_model_len, num_blocks) of this rank's KV pool; applies --weight-quant first. Every
-    tensor-parallel rank runs it (on CUDA its profiling forward is a collective)."""
-    max_model_len = _resolve_max_model_len(config, loaded)
-    if config.device == "cpu" and config.dtype == "float32":
-        # Build (first run: a minute or more) or load the CPU decode kernels now, not in the
-        # first request's decode step.
-        logger.info("CPU decode kernels: loading (the first start on a machine compiles them, ~1-3 min)")
-        logger.info("CPU decode kernels: %s", "on" if cpu_ext.load() is not None else "off")
-    if apply_weight_quant(
-        loaded.model, config.weight_quant, int8_prefill=config.int8_prefill, bf16_prefill=config.bf16_prefill
-    ):
-        logger.info(
-            "weight-only %s for batches of <= %d tokens%s",
-            config.weight_quant,
-            default_max_quant_rows(config.weight_quant, config.torch_dtype),
-            "; larger ones (prefill) on the int4 x int8 GEMM (--int8-prefill)" if config.int8_prefill else "",
-        )
-    return max_model_len, _resolve_num_blocks(config, loaded, max_model_len)
-
-
-def build_runner(
-    config: EngineConfig, loaded: LoadedModel, num_blocks: int, max_model_len: int
-) -> ModelRunner:
-    """The runner every rank builds alike (on CUDA, its graph captures are collectives too)."""
-    return ModelRunner(
-        loaded,
-        num_blocks,
-        config.cache.block_size,
-        torch.device(config.device),
-        kv_dtype=config.torch_kv_dtype,
-        attention_backend=config.attention_backend,
-        enforce_eager=config.enforce_eager,
-        max_num_seqs=config.scheduler.max_num_seqs,
-        max_model_len=max_model_len,
-        # --bf16-prefill: the prompt rows' attention in bf16 too (torch_ref.py), where the weights are
-        # bf16 for the same reason (a CPU with AVX512-BF16 or AMX).
-        prefill_attention_dtype=torch.bfloat16 if config.bf16_prefill else None,
-    )
-
-
-def _resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> int:
-    if config.max_model_len <= 0:
-        return loaded.max_model_len
-    if config.max_model_len > loaded.max_model_len:
-        # The loader extends the context (models/rope_scaling.py) when it is given the request; a
-        # silent clamp here would turn every long request into a 400 (issue 20).
-        raise ValueError(
-            f"--ctx {config.max_model_len} exceeds the context the model was loaded for "
-            f"({loaded.max_model_len}); load it with load_model(..., context=config.context_request)"
-        )
-    return config.max_model_len
-
-
-def _cuda_kv_budget(config: EngineConfig, loaded: LoadedModel) -> int:
-    from kvserve.engine.runner.device_setup import cuda_kv_budget_bytes, select_attention_backend
-
-    # Profile with the kernels the runner will use: their temporaries count.
-    select_attention_backend(loaded.model, torch.device(config.device), config.attention_backend)
-    return cuda_kv_budget_bytes(
-        loaded.model,
-        utilization=config.cache.gpu_memory_utilization,
-        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
-        max_num_seqs=config.scheduler.max_num_seqs,
-        block_size=config.cache.block_size,
-        use_graphs=not config.enforce_eager,
-    )
-
-
-def _resolve_num_blocks(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
-    block_size = config.cache.block_size
-    per_block = kv_bytes_per_block(loaded, block_size, config.torch_kv_dtype)
-    blocks_per_seq = -(-max_model_len // block_size)
-    if config.cache.kv_cache_memory_mb > 0:
-        num_blocks = config.cache.kv_cache_memory_mb * 2**20 // per_block
-    elif config.device.startswith("cuda"):
-        num_blocks = _cuda_kv_budget(config, loaded) // per_block
-    else:
-        wanted = blocks_per_seq * config.scheduler.max_num_seqs
-        num_blocks = min(wanted, _AUTO_KV_CAP_MB * 2**20 // per_block)
-    # At least one full-context sequence must fit, else a long prompt could never be scheduled.
-    num_blocks = max(num_blocks, blocks_per_seq + 1)
-    return int(num_blocks)

@@ -1,9 +1,10 @@
-"""DiskTier: the disk KV tier (kvserve/kvstore) wired into the engine's step.
+"""DiskTier: the disk KV tier (kvserve/kvstore) as the engine's KVTier (kv_tier.py).
 
 - Lookup at admission: a waiting request whose prompt the RAM prefix cache misses in part
   is looked up on disk by its block chain hashes; the stored chunks that extend the RAM hit
   are read (the only time the engine waits on disk) into pool blocks registered as cached,
   so the scheduler's ordinary prefix lookup then finds them.
+- Preload at start-up: the most recently used checkpoints into free pool blocks.
 - Saves, copied out on the engine thread and written by the CheckpointWriter's thread:
   `cold` (first prefill without reuse, cut by the save policy), `continued` (absolute
   frontiers), `evict` (a released sequence whose blocks are being reused), `shutdown`, and
@@ -18,22 +19,25 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from kvserve.config import KVStoreConfig
+from kvserve.config import EngineConfig, KVStoreConfig
 from kvserve.engine.disk_saves import RecentSequences, build_save_job, new_meta, resolve_block_ids
 from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
 from kvserve.engine.kv_cache.block_pool import Block
 from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
+from kvserve.engine.kv_tier import BlockCopier, KVTier, NullKVTier
 from kvserve.engine.outputs import EngineOutput, SchedulerOutput
 from kvserve.engine.request import Request
-from kvserve.engine.runner.model_runner import ModelRunner
 from kvserve.kvstore.checkpoint import ChunkRun, SaveReason, SaveResult, StoreIdentity
 from kvserve.kvstore.checkpoint_store import CheckpointStore
 from kvserve.kvstore.save_policy import SavePolicy, cold_cut, continued_frontier, system_cut
 from kvserve.kvstore.writer import CheckpointWriter
+from kvserve.models.loaded import LoadedModel, TokenizerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +53,34 @@ class DiskTierStats:
     num_evictions: int
 
 
+class _DiskHit(NamedTuple):
+    """What lookup() found for a request, for the load() that follows it."""
+
+    ram_blocks: list[Block]  # the RAM prefix hit the loaded blocks extend
+    block_hashes: list[BlockHash]  # its full blocks before its last token (always computed)
+    run: ChunkRun  # the stored chunks covering the prefix, past the RAM hit
+
+
+@dataclass(slots=True)
+class _DiskRequest:
+    """The tier's state of one request, from its lookup or first step until it finishes."""
+
+    is_looked_up: bool = False
+    hit: _DiskHit | None = None  # between lookup() and load()
+    is_prefilled: bool = False  # its cold-save decision is made
+    last_frontier: int = 0  # tokens its latest cold/continued save (or disk load) covers
+    num_written_tokens: int = 0  # tokens of KV its cold/continued/agent saves sent to disk
+
+
 class DiskTier:
+    can_load = True
+
     def __init__(
-        self,
-        config: KVStoreConfig,
-        identity: StoreIdentity,
-        kv: KVCacheManager,
-        runner: ModelRunner,
-        text_of: Callable[[Sequence[int]], str],
+        self, config: KVStoreConfig, identity: StoreIdentity, text_of: Callable[[Sequence[int]], str]
     ) -> None:
-        """Opens (and repairs) the cache directory; raises OSError if it is unusable."""
+        """Opens (and repairs) the cache directory; raises OSError if it is unusable. The engine
+        binds it to its KV cache (bind) before the first step."""
+        self.config = config
         self.store = CheckpointStore(
             Path(config.directory).expanduser(),
             identity,
@@ -71,8 +93,8 @@ class DiskTier:
             align_tokens=config.align_tokens,
             continued_interval_tokens=config.continued_interval_tokens,
         )
-        self.kv = kv
-        self.runner = runner
+        self.kv: KVCacheManager  # set by bind()
+        self.runner: BlockCopier
         self.text_of = text_of
         self.block_size = identity.block_size
         # Turn-start token sequences of the chat template, for the `cold` cut (set by the server).
@@ -82,17 +104,12 @@ class DiskTier:
         self.on_source: Callable[[str, int, int, str | None], None] | None = None
         self.recent = RecentSequences()
         self._evicted: dict[BlockHash, int] = {}  # evicted this step: hash -> block (KV still intact)
-        self._looked_up: set[str] = set()
-        self._prefilled: set[str] = set()  # requests whose cold-save decision is made
-        self._last_frontier: dict[str, int] = {}
-        self._written: dict[str, int] = {}  # request id -> tokens its cold/continued saves sent to disk
+        self._requests: dict[str, _DiskRequest] = {}
         # agent session id -> (its latest agent_session checkpoint, that checkpoint's last block hash)
         self._sessions: dict[str, tuple[str, int, BlockHash]] = {}
         self._num_hits = self._num_hit_tokens = self._num_saves = self._num_saved_bytes = 0
         self._closed = False
         self._final_stats: DiskTierStats | None = None
-        kv.on_free = self._on_free
-        kv.pool.on_evict = self._on_evict
         stats = self.store.stats()
         logger.info(
             "disk KV cache %s: %d checkpoints, %.1f MiB (budget %d MiB)",
@@ -102,19 +119,32 @@ class DiskTier:
             config.budget_mb,
         )
 
+    def bind(self, kv: KVCacheManager, blocks: BlockCopier) -> None:
+        """Attach to the engine's KV cache (its free and evict notifications feed the `evict` and
+        `shutdown` saves) and runner; then preload, if the config asks for it."""
+        self.kv = kv
+        self.runner = blocks
+        kv.listen(on_free=self._on_free, on_evict=self._on_evict)
+        if self.config.preload_fraction > 0:
+            self.preload(self.config.preload_fraction)
+
     # -- lookup and load --------------------------------------------------------------
 
-    def load_prefixes(self, waiting: Sequence[Request], num_slots: int) -> None:
-        """Load disk hits for the requests about to be admitted (the head of the queue)."""
-        for request in list(waiting)[: max(0, num_slots)]:
-            if request.request_id not in self._looked_up:
-                self._looked_up.add(request.request_id)
-                try:
-                    self._load_prefix(request)
-                except (OSError, sqlite3.Error) as error:  # the index is unreadable: prefill instead
-                    logger.warning("disk KV cache: lookup failed: %s", error)
+    def lookup(self, request: Request) -> int:
+        """Prompt tokens past the RAM hit that stored chunks hold (asked once per request)."""
+        record = self._record(request.request_id)
+        if record.is_looked_up:
+            return 0
+        record.is_looked_up = True
+        try:
+            record.hit = self._lookup(request)
+        except (OSError, sqlite3.Error) as error:  # the index is unreadable: prefill instead
+            logger.warning("disk KV cache: lookup failed: %s", error)
+            return 0
+        hit = record.hit
+        return 0 if hit is None else hit.run.num_tokens - len(hit.ram_blocks) * self.block_size
 
-    def _load_prefix(self, request: Request) -> None:
+    def _lookup(self, request: Request) -> _DiskHit | None:
         ram = self.kv.get_computed_blocks(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = self.kv.block_hashes(request)[:max_blocks]
@@ -122,11 +152,30 @@ class DiskTier:
         n_ram = ram.num_computed_tokens
         if run is None or run.num_tokens <= n_ram:
             self._log_source(request, n_ram, 0, run)
-            return
+            return None
+        return _DiskHit(ram.blocks, hashes, run)
+
+    def load(self, request: Request) -> int:
+        """Read the chunks lookup() found into pool blocks registered as cached; returns the tokens
+        loaded (0: no free blocks, or unreadable or mismatching chunks: the request prefills)."""
+        record = self._requests.get(request.request_id)
+        hit = None if record is None else record.hit
+        if record is None or hit is None:
+            return 0
+        record.hit = None
+        try:
+            return self._load(request, hit, record)
+        except (OSError, sqlite3.Error) as error:  # unreadable: prefill instead
+            logger.warning("disk KV cache: load failed: %s", error)
+            return 0
+
+    def _load(self, request: Request, hit: _DiskHit, record: _DiskRequest) -> int:
+        ram_blocks, hashes, run = hit
+        n_ram = len(ram_blocks) * self.block_size
         started = time.monotonic()
         spans = tuple(span for span in run.chunks if span.end > n_ram)
         blocks = self.kv.load_cached_blocks(
-            hashes[n_ram // self.block_size : run.num_tokens // self.block_size], ram.blocks
+            hashes[n_ram // self.block_size : run.num_tokens // self.block_size], ram_blocks
         )
         self.save_evicted()  # blocks just reused for the load still hold what they cached
         if blocks is None:
@@ -135,7 +184,7 @@ class DiskTier:
                 request.request_id,
                 run.num_tokens,
             )
-            return
+            return 0
         try:
             loaded = self.store.load_run(ChunkRun(spans, run.checkpoint_ids))
         except (OSError, sqlite3.Error) as error:  # unreadable: prefill instead
@@ -145,12 +194,13 @@ class DiskTier:
         if loaded is None or list(loaded.token_ids[offset:]) != request.all_token_ids[n_ram : run.num_tokens]:
             self._forget(blocks)  # corrupt (already removed by the store) or a hash collision
             self._log_source(request, n_ram, 0, None)
-            return
+            return 0
         self.runner.copy_blocks_in([b.block_id for b in blocks], [layer[:, offset:] for layer in loaded.kv])
         self._num_hits += 1
         self._num_hit_tokens += run.num_tokens - n_ram
-        self._last_frontier[request.request_id] = run.num_tokens
+        record.last_frontier = run.num_tokens
         self._log_source(request, n_ram, run.num_tokens - n_ram, run, time.monotonic() - started)
+        return run.num_tokens - n_ram
 
     def preload(self, max_fraction: float) -> int:
         """At start-up: the most recently used checkpoints' KV into the RAM pool, as free cached
@@ -259,53 +309,55 @@ class DiskTier:
 
     # -- save triggers ----------------------------------------------------------------
 
-    def after_update(
-        self, scheduler_output: SchedulerOutput, outputs: list[EngineOutput]
-    ) -> list[EngineOutput]:
-        """`cold` and `continued` saves of this step's requests, then the outputs with how many
-        tokens each request has sent to disk (for usage); finished requests are forgotten."""
+    def save(self, scheduler_output: SchedulerOutput, outputs: list[EngineOutput]) -> list[EngineOutput]:
+        """`cold`, `continued` and the agent's saves of this step's requests, then the outputs with
+        how many tokens each request has sent to disk (for usage)."""
+        records = self._requests
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
-            request_id = request.request_id
+            record = records.get(request.request_id)
+            if record is None:
+                record = records[request.request_id] = _DiskRequest()
             hint = request.checkpoint_hint
-            if request_id not in self._prefilled and request.num_computed_tokens >= request.num_prompt_tokens:
-                self._prefilled.add(request_id)
+            if not record.is_prefilled and request.num_computed_tokens >= request.num_prompt_tokens:
+                record.is_prefilled = True
                 if hint is not None and hint.save_system:
                     self._save_system(request)
                 if request.num_cached_tokens == 0:
-                    self._save_cold(request)
+                    self._save_cold(request, record)
             if request.is_finished:
                 if hint is not None and hint.save_session:  # (an aborted request is never scheduled)
                     self._save_session(request, hint.session_id)
                 continue
-            frontier = continued_frontier(
-                request.num_computed_tokens, self._last_frontier.get(request_id, 0), self.policy
-            )
+            frontier = continued_frontier(request.num_computed_tokens, record.last_frontier, self.policy)
             if frontier is not None:
-                self._last_frontier[request_id] = frontier
+                record.last_frontier = frontier
                 self._save_request(request, frontier, "continued")
-        outputs = [
-            replace(o, num_cache_write_tokens=self._written[o.request_id])
-            if o.request_id in self._written
+        return [
+            replace(o, num_cache_write_tokens=state.num_written_tokens)
+            if (state := records.get(o.request_id)) is not None and state.num_written_tokens
             else o
             for o in outputs
         ]
-        for output in outputs:
-            if output.finished:
-                for state in (self._looked_up, self._prefilled):
-                    state.discard(output.request_id)
-                self._last_frontier.pop(output.request_id, None)
-                self._written.pop(output.request_id, None)
-        return outputs
 
-    def _save_cold(self, request: Request) -> None:
+    def request_finished(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self._requests.pop(request_id, None)
+
+    def _record(self, request_id: str) -> _DiskRequest:
+        record = self._requests.get(request_id)
+        if record is None:
+            record = self._requests[request_id] = _DiskRequest()
+        return record
+
+    def _save_cold(self, request: Request, record: _DiskRequest) -> None:
         user, assistant = self.turn_markers
         cut = cold_cut(request.prompt_token_ids, user, assistant, self.policy)
         if cut is None:
             return
         cut -= cut % self.block_size  # block aligned, so the token-hash lookup finds all of it
         if cut >= self.policy.min_tokens:
-            self._last_frontier[request.request_id] = max(cut, self._last_frontier.get(request.request_id, 0))
+            record.last_frontier = max(cut, record.last_frontier)
             self._save_request(request, cut, "cold")
 
     def _save_system(self, request: Request) -> None:
@@ -342,7 +394,7 @@ class DiskTier:
         sequence = CachedSequence(request.all_token_ids[:num_tokens], hashes)
         written = self._save(sequence, reason, block, session_id)
         if written:
-            self._written[request.request_id] = self._written.get(request.request_id, 0) + written
+            self._record(request.request_id).num_written_tokens += written
 
     def _save(
         self, sequence: CachedSequence, reason: SaveReason, block: bool = False, session_id: str | None = None
@@ -438,3 +490,32 @@ class DiskTier:
             store.total_bytes,
             store.num_evictions,
         )
+
+
+def open_kv_tier(config: EngineConfig, loaded: LoadedModel, cache_key: str) -> KVTier:
+    """The disk tier `config.kv_store` names (unbound: EngineCore binds it), or NullKVTier without
+    one or when its directory is unusable (the engine then serves without it)."""
+    store_config = config.kv_store
+    if store_config is None:
+        return NullKVTier()
+    num_layers, _, head_dim = loaded.model.kv_cache_spec()
+    identity = StoreIdentity(
+        cache_key,  # the chunk keys are the engine's block chain hashes, whose extra key is cache_key
+        config.cache.kv_dtype,  # the pool's bytes, stored as they are
+        num_layers,
+        loaded.arch.num_key_value_heads,  # all of them: TPDriver reassembles the ranks'
+        head_dim,
+        config.cache.block_size,
+    )
+    try:
+        return DiskTier(store_config, identity, partial(text_of, loaded.tokenizer))
+    except (OSError, ValueError, AssertionError) as error:  # unusable dir: serve without the tier
+        logger.warning("disk KV cache disabled: cannot use %s: %s", store_config.directory, error)
+        return NullKVTier()
+
+
+def text_of(tokenizer: TokenizerInfo, token_ids: Sequence[int]) -> str:
+    """The rendered text of stored tokens (a checkpoint's text key)."""
+    if tokenizer.tokenizer is None:  # token-id-only engines (tests)
+        return "".join(f"<{t}>" for t in token_ids)
+    return tokenizer.tokenizer.decode(list(token_ids), skip_special_tokens=False)

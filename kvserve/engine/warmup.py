@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kvserve.engine.compile_watch import watch_compiles
+from kvserve.engine.kv_tier import NullKVTier
 from kvserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def warm_up(core: EngineCore, force: bool = False) -> None:
     limit = core.max_model_len - 8
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    disk, core.disk_tier = core.disk_tier, None
+    tier, core.kv_tier = core.kv_tier, NullKVTier()  # the random warm-up prompts: neither loaded nor saved
     try:
         for wave, lengths in enumerate(WAVES):
             for i, length in enumerate(lengths):
@@ -69,7 +70,7 @@ def warm_up(core: EngineCore, force: bool = False) -> None:
         while core.has_unfinished_requests():
             core.step()
     finally:
-        core.disk_tier = disk
+        core.kv_tier = tier
         core.kv_manager.pool.reset_prefix_cache()
         core.kv_manager.stats = type(core.kv_manager.stats)()  # the hit rate counts clients only
     compile_attention_variants(core)

@@ -9,6 +9,8 @@ import torch
 
 from kvserve.config import CacheConfig, EngineConfig, KVStoreConfig, SchedulerConfig
 from kvserve.engine.core import EngineCore
+from kvserve.engine.disk_tier import open_kv_tier
+from kvserve.engine.kv_tier import OpenKVTier
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.safetensors import load_hf_model
 from kvserve.models.rope_scaling import ContextRequest
@@ -56,6 +58,7 @@ def make_engine(
     context: ContextRequest | None = None,
     weight_quant: str = "none",
     kv_dtype: str = "auto",  # auto: float16 under this fp32 engine (config.resolve)
+    open_tier: OpenKVTier = open_kv_tier,
 ) -> EngineCore:
     config = EngineConfig(
         model=str(path),
@@ -67,7 +70,7 @@ def make_engine(
         async_scheduling=async_scheduling,
         weight_quant=weight_quant,
     )
-    return EngineCore(config, load_tiny(path, context=context))
+    return EngineCore(config, load_tiny(path, context=context), open_tier=open_tier)
 
 
 @pytest.fixture()

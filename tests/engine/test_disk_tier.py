@@ -173,7 +173,7 @@ def test_shutdown_saves_the_live_sequences(tiny_llama_dir: Path, tmp_path: Path)
     longest = max(disk.store.checkpoints(), key=lambda c: c.meta.num_tokens)
     stored = disk.store.token_ids(longest)
     assert stored is not None and len(stored) == longest.meta.num_tokens
-    text = reopened._text_of(stored)
+    text = disk.text_of(stored)
     assert disk.text_prefix(text + "<1><2>") == (stored, len(text.encode()))
     assert disk.text_prefix("<1><2>") is None
 

@@ -174,3 +174,21 @@ def test_a_reused_request_id_does_not_inherit_stale_hashes() -> None:
     kv.free(make_request("same-id", list(range(8))))
     other = make_request("same-id", list(range(100, 109)))
     assert kv.get_computed_blocks(other).num_computed_tokens == 0
+
+
+def test_a_listener_hears_what_a_freed_request_leaves_cached() -> None:
+    kv = KVCacheManager(BLOCK_SIZE, num_blocks=65)
+    freed: list[tuple[str, int, int]] = []
+    kv.listen(
+        on_free=lambda request, seq: freed.append(
+            (request.request_id, len(seq.token_ids), len(seq.block_hashes))
+        )
+    )
+    done = make_request("done", random_tokens(100, 9))
+    prefill(kv, done)
+    kv.free(done)
+    waiting = make_request("waiting", random_tokens(100, 10))
+    kv.get_computed_blocks(waiting)  # hashed at an admission lookup, never admitted
+    kv.free(waiting)
+    assert freed == [("done", 96, 6)]  # its 6 full blocks; nothing for one that held no blocks
+    assert kv.block_ids("done") == [] and kv.block_ids("waiting") == []

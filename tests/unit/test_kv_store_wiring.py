@@ -68,7 +68,7 @@ def _request(tokens: list[int]) -> Request:
 def test_blocks_loaded_from_disk_are_found_as_prefix_hits_and_evictions_are_reported() -> None:
     manager = KVCacheManager(block_size=4, num_blocks=9, extra_key="m")  # 8 usable blocks
     evicted: list[int] = []
-    manager.pool.on_evict = lambda block, block_hash: evicted.append(block_hash)
+    manager.listen(on_evict=lambda block, block_hash: evicted.append(block_hash))
     tokens = list(range(20))
     hashes = compute_block_hashes(tokens, 4, "m")
     # The first block is cached in RAM already; blocks 1-3 come from disk.

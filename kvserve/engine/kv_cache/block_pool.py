@@ -32,6 +32,9 @@ class Block:
     block_hash: BlockHash | None = None  # set once the block is full and registered in the cache
 
 
+EvictCallback = Callable[[Block, BlockHash], None]
+
+
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         assert num_blocks >= 2, "one null block plus at least one usable block"
@@ -39,9 +42,12 @@ class BlockPool:
         # An OrderedDict keyed by block id gives O(1) removal from the middle (touch) and both ends.
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
         self._cached: dict[BlockHash, Block] = {}
-        # Told (block, hash) just before a cached block is handed out again, while its KV still holds
-        # the cached tokens (nothing writes it before the next forward): the disk tier saves then.
-        self.on_evict: Callable[[Block, BlockHash], None] | None = None
+        self._on_evict: EvictCallback | None = None
+
+    def listen(self, on_evict: EvictCallback | None) -> None:
+        """Be told (block, hash) just before a cached block is handed out again, while its KV still
+        holds the cached tokens (nothing writes it before the next forward): a KV tier saves then."""
+        self._on_evict = on_evict
 
     @property
     def num_usable_blocks(self) -> int:
@@ -122,7 +128,7 @@ class BlockPool:
 
     def _evict(self, block: Block) -> None:
         if block.block_hash is not None:
-            if self.on_evict is not None:
-                self.on_evict(block, block.block_hash)
+            if self._on_evict is not None:
+                self._on_evict(block, block.block_hash)
             del self._cached[block.block_hash]
             block.block_hash = None

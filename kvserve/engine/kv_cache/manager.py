@@ -9,11 +9,11 @@ those blocks instead of recomputing them, whether their owner is still running o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
-from kvserve.engine.kv_cache.block_pool import Block, BlockPool
+from kvserve.engine.kv_cache.block_pool import Block, BlockPool, EvictCallback
 from kvserve.engine.request import Request
 
 
@@ -42,6 +42,23 @@ class PrefixCacheStats:
         return self.num_hit_tokens / self.num_query_tokens if self.num_query_tokens else 0.0
 
 
+FreeCallback = Callable[[Request, CachedSequence], None]
+
+
+@dataclass(slots=True, eq=False)
+class _RequestBlocks:
+    """One request's state here, from its first hashing (an admission lookup) until it is freed."""
+
+    block_hashes: list[BlockHash] = field(default_factory=list)  # of its full blocks, grown incrementally
+    is_admitted: bool = False  # allocate_slots has given it a block table
+    blocks: list[Block] = field(default_factory=list)
+    # The same table as block ids, kept beside it: the scheduler hands every running request's ids
+    # to the runner each step, and rebuilding a 40-block list for 256 requests per step is a large
+    # share of the engine's host time per decode step.
+    block_ids: list[int] = field(default_factory=list)
+    num_cached_blocks: int = 0  # leading blocks already registered in the prefix cache
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -53,15 +70,15 @@ class KVCacheManager:
         self.extra_key = extra_key
         self.pool = BlockPool(num_blocks)
         self.stats = PrefixCacheStats()
-        self._blocks: dict[str, list[Block]] = {}
-        # The same tables as block ids, kept beside them: the scheduler hands every running request's
-        # ids to the runner each step, and rebuilding a 40-block list for 256 requests per step was
-        # a large share of the engine's host time per decode step (issue 21).
-        self._block_ids: dict[str, list[int]] = {}
-        self._hashes: dict[str, list[BlockHash]] = {}
-        self._num_cached_blocks: dict[str, int] = {}  # leading blocks already registered
-        # Told what a request leaves in the prefix cache when it is freed (the disk tier remembers it).
-        self.on_free: Callable[[Request, CachedSequence], None] | None = None
+        self._requests: dict[str, _RequestBlocks] = {}
+        self._on_free: FreeCallback | None = None
+
+    def listen(self, on_free: FreeCallback | None = None, on_evict: EvictCallback | None = None) -> None:
+        """Register the notifications a KV tier below this cache needs (EngineCore's tier does, in
+        its bind): `on_free` hears what a request leaves in the prefix cache when its blocks are
+        freed (finished or preempted), `on_evict` each cached block about to be handed out again."""
+        self._on_free = on_free
+        self.pool.listen(on_evict)
 
     @property
     def num_free_blocks(self) -> int:
@@ -85,7 +102,8 @@ class KVCacheManager:
         """The request's block table as ids. The live list, not a copy: it only ever grows while
         the request holds its blocks (a freed request's list is dropped, never cleared), so a
         caller may keep it for a step; nobody may modify it."""
-        return self._block_ids.get(request_id, [])
+        record = self._requests.get(request_id)
+        return [] if record is None else record.block_ids
 
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:
         """Longest chain of cached full blocks that prefixes the request's tokens.
@@ -112,7 +130,8 @@ class KVCacheManager:
         allocated. Returns the newly allocated blocks, or None (and changes nothing) when
         the pool cannot supply them.
         """
-        blocks = self._blocks.get(request.request_id, ())
+        record = self._requests.get(request.request_id)
+        blocks = () if record is None else record.blocks
         # The common case, a decode inside its last block: nothing to do.
         if (
             not new_computed_blocks
@@ -130,46 +149,46 @@ class KVCacheManager:
         num_revived = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
         if num_new_blocks + num_revived > self.pool.num_free_blocks:
             return None
-        if request.request_id not in self._blocks:
+        if record is None:
+            record = self._requests[request.request_id] = _RequestBlocks()
+        if not record.is_admitted:
+            record.is_admitted = True
+            record.num_cached_blocks = len(new_computed_blocks)
             self._record_admission(request, len(new_computed_blocks))
-            self._num_cached_blocks[request.request_id] = len(new_computed_blocks)
         # NOTE: touch before allocate, or allocate could evict the very blocks being shared.
         self.pool.touch(new_computed_blocks)
         new_blocks = self.pool.allocate(num_new_blocks)
-        table = self._blocks.setdefault(request.request_id, [])
-        table.extend(new_computed_blocks)
-        table.extend(new_blocks)
-        ids = self._block_ids.setdefault(request.request_id, [])
-        ids.extend(block.block_id for block in new_computed_blocks)
-        ids.extend(block.block_id for block in new_blocks)
+        record.blocks.extend(new_computed_blocks)
+        record.blocks.extend(new_blocks)
+        record.block_ids.extend(block.block_id for block in new_computed_blocks)
+        record.block_ids.extend(block.block_id for block in new_blocks)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's full blocks within its first `num_computed_tokens` tokens."""
-        request_id = request.request_id
         num_full = num_computed_tokens // self.block_size
-        num_cached = self._num_cached_blocks.get(request_id, 0)
+        record = self._requests.get(request.request_id)
+        num_cached = 0 if record is None else record.num_cached_blocks
         if num_full <= num_cached:
             return
-        blocks = self._blocks[request_id]
+        assert record is not None
         hashes = self._block_hashes(request, num_full * self.block_size)
         for index in range(num_cached, num_full):
-            self.pool.cache_full_block(blocks[index], hashes[index])
-        self._num_cached_blocks[request_id] = num_full
+            self.pool.cache_full_block(record.blocks[index], hashes[index])
+        record.num_cached_blocks = num_full
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (they stay cached until evicted). Unknown ids: no-op."""
-        request_id = request.request_id
-        num_cached = self._num_cached_blocks.get(request_id, 0)
-        if self.on_free is not None and num_cached:
-            hashes = self._hashes[request_id][:num_cached]
-            self.on_free(
-                request, CachedSequence(request.all_token_ids[: num_cached * self.block_size], hashes)
+        record = self._requests.pop(request.request_id, None)
+        if record is None:
+            return
+        num_cached = record.num_cached_blocks
+        if self._on_free is not None and num_cached:
+            sequence = CachedSequence(
+                request.all_token_ids[: num_cached * self.block_size], record.block_hashes[:num_cached]
             )
-        self.pool.free(self._blocks.pop(request_id, []))
-        self._block_ids.pop(request_id, None)
-        self._hashes.pop(request_id, None)
-        self._num_cached_blocks.pop(request_id, None)
+            self._on_free(request, sequence)
+        self.pool.free(record.blocks)
 
     def block_hashes(self, request: Request, num_tokens: int | None = None) -> list[BlockHash]:
         """Chain hashes of the full blocks within the request's first `num_tokens` tokens (default all)."""
@@ -205,11 +224,14 @@ class KVCacheManager:
 
     def _block_hashes(self, request: Request, num_tokens: int) -> list[BlockHash]:
         """The request's chain hashes covering its first `num_tokens` tokens, hashed incrementally."""
-        hashes = self._hashes.get(request.request_id, [])
+        record = self._requests.get(request.request_id)
+        hashes = [] if record is None else record.block_hashes
         if len(hashes) < num_tokens // self.block_size:
             tokens = request.all_token_ids[:num_tokens]
             hashes = compute_block_hashes(tokens, self.block_size, self.extra_key, hashes)
-            self._hashes[request.request_id] = hashes
+            if record is None:
+                record = self._requests[request.request_id] = _RequestBlocks()
+            record.block_hashes = hashes
         return hashes
 
     def _record_admission(self, request: Request, num_hit_blocks: int) -> None:

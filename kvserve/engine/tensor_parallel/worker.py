@@ -63,7 +63,7 @@ def share_cpu_threads(device: torch.device, world_size: int) -> int:
 
 def run_worker(spec: WorkerSpec) -> None:
     """Entry point of a spawned rank (blocks until rank 0 sends Stop)."""
-    from kvserve.engine.core import build_runner, resolve_kv_pool  # after spawn: keeps the import light
+    from kvserve.engine.kv_pool import build_runner, resolve_kv_pool  # after spawn: keeps the import light
 
     # Ctrl-C and SIGTERM reach the whole process group; rank 0 turns them into a clean shutdown
     # (its shutdown saves still need this rank's KV), then sends Stop.

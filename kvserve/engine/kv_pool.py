@@ -1,0 +1,104 @@
+"""This rank's KV pool: its context and size (`resolve_kv_pool`) and the runner that holds it
+(`build_runner`). Every tensor-parallel rank runs both alike (distributed/worker.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kvserve.config import EngineConfig
+from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
+from kvserve.models.layers import cpu_ext
+from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_rows
+from kvserve.models.loaded import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+# Auto-sized KV pools stay under this on CPU so a laptop keeps its RAM; --kv-cache-memory-mb overrides.
+_AUTO_KV_CAP_MB = 4096
+
+
+def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
+    """(max_model_len, num_blocks) of this rank's KV pool; applies --weight-quant first. Every
+    tensor-parallel rank runs it (on CUDA its profiling forward is a collective)."""
+    max_model_len = _resolve_max_model_len(config, loaded)
+    if config.device == "cpu" and config.dtype == "float32":
+        # Build (first run: a minute or more) or load the CPU decode kernels now, not in the
+        # first request's decode step.
+        logger.info("CPU decode kernels: loading (the first start on a machine compiles them, ~1-3 min)")
+        logger.info("CPU decode kernels: %s", "on" if cpu_ext.load() is not None else "off")
+    if apply_weight_quant(
+        loaded.model, config.weight_quant, int8_prefill=config.int8_prefill, bf16_prefill=config.bf16_prefill
+    ):
+        logger.info(
+            "weight-only %s for batches of <= %d tokens%s",
+            config.weight_quant,
+            default_max_quant_rows(config.weight_quant, config.torch_dtype),
+            "; larger ones (prefill) on the int4 x int8 GEMM (--int8-prefill)" if config.int8_prefill else "",
+        )
+    return max_model_len, _resolve_num_blocks(config, loaded, max_model_len)
+
+
+def build_runner(
+    config: EngineConfig, loaded: LoadedModel, num_blocks: int, max_model_len: int
+) -> ModelRunner:
+    """The runner every rank builds alike (on CUDA, its graph captures are collectives too)."""
+    return ModelRunner(
+        loaded,
+        num_blocks,
+        config.cache.block_size,
+        torch.device(config.device),
+        kv_dtype=config.torch_kv_dtype,
+        attention_backend=config.attention_backend,
+        enforce_eager=config.enforce_eager,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        max_model_len=max_model_len,
+        # --bf16-prefill: the prompt rows' attention in bf16 too (torch_ref.py), where the weights are
+        # bf16 for the same reason (a CPU with AVX512-BF16 or AMX).
+        prefill_attention_dtype=torch.bfloat16 if config.bf16_prefill else None,
+    )
+
+
+def _resolve_max_model_len(config: EngineConfig, loaded: LoadedModel) -> int:
+    if config.max_model_len <= 0:
+        return loaded.max_model_len
+    if config.max_model_len > loaded.max_model_len:
+        # The loader extends the context (models/rope_scaling.py) when it is given the request; a
+        # silent clamp here would turn every long request into a 400.
+        raise ValueError(
+            f"--ctx {config.max_model_len} exceeds the context the model was loaded for "
+            f"({loaded.max_model_len}); load it with load_model(..., context=config.context_request)"
+        )
+    return config.max_model_len
+
+
+def _cuda_kv_budget(config: EngineConfig, loaded: LoadedModel) -> int:
+    from kvserve.engine.runner.device_setup import cuda_kv_budget_bytes, select_attention_backend
+
+    # Profile with the kernels the runner will use: their temporaries count.
+    select_attention_backend(loaded.model, torch.device(config.device), config.attention_backend)
+    return cuda_kv_budget_bytes(
+        loaded.model,
+        utilization=config.cache.gpu_memory_utilization,
+        max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        block_size=config.cache.block_size,
+        use_graphs=not config.enforce_eager,
+    )
+
+
+def _resolve_num_blocks(config: EngineConfig, loaded: LoadedModel, max_model_len: int) -> int:
+    block_size = config.cache.block_size
+    per_block = kv_bytes_per_block(loaded, block_size, config.torch_kv_dtype)
+    blocks_per_seq = -(-max_model_len // block_size)
+    if config.cache.kv_cache_memory_mb > 0:
+        num_blocks = config.cache.kv_cache_memory_mb * 2**20 // per_block
+    elif config.device.startswith("cuda"):
+        num_blocks = _cuda_kv_budget(config, loaded) // per_block
+    else:
+        wanted = blocks_per_seq * config.scheduler.max_num_seqs
+        num_blocks = min(wanted, _AUTO_KV_CAP_MB * 2**20 // per_block)
+    # At least one full-context sequence must fit, else a long prompt could never be scheduled.
+    num_blocks = max(num_blocks, blocks_per_seq + 1)
+    return int(num_blocks)
