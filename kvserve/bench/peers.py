@@ -78,7 +78,7 @@ class ServerSpec:
 
 @functools.cache
 def kvserve_has_option(name: str) -> bool:
-    """Whether this kvserve's `serve` takes `--name` (the disk-tier flags arrive with issue 5)."""
+    """Whether this kvserve's `serve` takes `--name` (a server older than its disk tier has none of its flags)."""
     probe = subprocess.run(
         [sys.executable, "-m", "kvserve", "serve", "--help"], capture_output=True, text=True, check=False
     )

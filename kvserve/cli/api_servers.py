@@ -2,7 +2,7 @@
 starts them (`FrontEnds`, `front_end_main`, beside the app each one builds); this module holds how
 many there are, the socket they share and the state they share.
 
-vLLM's `--api-server-count` (issue 21). One front end's event loop (HTTP, rendering,
+vLLM's `--api-server-count`. One front end's event loop (HTTP, rendering,
 detokenization, SSE) is one core; on a GPU that serves hundreds of streams it is the bound. The
 server's own process is front end 0: it starts the engine process with one pipe per front end,
 binds the port, and starts front ends 1..N-1, each a process that gets its pipe and binds the same

@@ -1,5 +1,5 @@
 """Where `kvserve serve` runs the engine: in this process (an engine thread) or in a process of its
-own (`engine.process_client`, the default on CUDA: issue 21). Either way the server gets one
+own (`engine.process_client`, the default on CUDA). Either way the server gets one
 `EngineHandle`: the engine client `ChatService` drives, what the front end needs of the loaded model
 (tokenizer, context, vocabulary, disk-tier directory), and the web console's and /metrics' sources,
 which in the process case are typed queries (`EngineQuery`) answered by the engine process

@@ -1,7 +1,7 @@
 """Say so when Triton compiles a kernel after the start-up warm-up, i.e. while a request waits.
 
 A compile takes from tens of milliseconds to seconds and happens inside a step, so every request of
-that step sees it as latency (the H200 runs of issue 21: a fresh server's first 16-stream burst had a
+that step sees it as latency (measured on an H200: a fresh server's first 16-stream burst had a
 p99 TTFT of ~1.3 s, and ~0.1 s once the same burst had run once). `warmup.py` compiles the variants
 it knows of; this names any it missed, once each, with the kernel, its specialization and the time
 it took, so the next warm-up can cover it. It uses Triton's own compile hooks (`triton.knobs.runtime`:

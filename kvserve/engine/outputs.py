@@ -62,7 +62,7 @@ class EngineOutput:
     Treated as immutable (`merge_outputs` builds a new one), but not declared frozen: a frozen
     dataclass's __init__ sets each field through object.__setattr__, ~1.9 µs against ~0.3 µs here,
     and one is built per request per step in the engine and again in each API front end (at 256
-    streams, ~100K a second; issue 21)."""
+    streams, ~100K a second)."""
 
     request_id: str
     new_token_ids: tuple[int, ...]

@@ -1,7 +1,7 @@
 """The API front end's side of the engine process: `EngineLink` (one pipe to it) and
 `ProcessEngineClient` (a link that also starts and stops the process).
 
-vLLM's and SGLang's split (issue 21). In one process the engine thread and the event loop share
+vLLM's and SGLang's split. In one process the engine thread and the event loop share
 one GIL, and on a fast GPU the loop's per-stream socket work stretches every decode step. Here
 the engine process (`engine_process.py`) only schedules, runs the model and ships each step's
 token ids; a front end (HTTP, rendering, detokenization, SSE) talks to it through typed messages

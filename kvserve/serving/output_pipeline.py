@@ -1,6 +1,6 @@
 """Token ids -> GenerationEvents: detokenize (UTF-8 safe), stop strings (held back), segment.
 
-The segmenter is the seam for reasoning and tool-call parsing (issue 4): it receives
+The segmenter is the seam for reasoning and tool-call parsing: it receives
 the visible text in order and turns it into events. Until a model-specific segmenter is
 plugged in, `PlainTextSegmenter` makes every piece a TextDelta.
 """

@@ -66,7 +66,7 @@ class ModelOutputSegmenter:
         self._tool_calls = tool_calls
         self._call_id_factory = call_id_factory
         self._ids: dict[int, str] = {}
-        # call id -> the exact sampled markup of its block, for tool replay memory (issue 4).
+        # call id -> the exact sampled markup of its block, for tool replay memory.
         self.sampled_calls: dict[str, str] = {}
         self._blocks: dict[int, tuple[str, list[str]]] = {}  # block number -> (markup, its call ids)
 

@@ -26,7 +26,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 # NOTE: Triton compiles one variant per specialization of its integer arguments (== 1, divisible by
 # 16); an eager step's block-table width is its longest sequence's block count, so without this
-# each new width class compiled the kernel again inside a request (H200, issue 21: 290-560 ms each,
+# each new width class compiled the kernel again inside a request (measured on an H200: 290-560 ms each,
 # seen by engine/compile_watch.py after the warm-up). The stride is an address offset: nothing to gain.
 @triton.jit(do_not_specialize=["window", "stride_bt"])
 def _decode_split_kernel(

@@ -71,7 +71,7 @@ def _attend_tiles(
 
 
 # NOTE: not specialized on the block-table width (triton_decode.py's kernel says why): a prompt of
-# one block (width 1) compiled its own variant inside a request (H200, issue 21: 1.06 s).
+# one block (width 1) compiled its own variant inside a request (measured on an H200: 1.06 s).
 @triton.jit(do_not_specialize=["window", "stride_bt"])
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
