@@ -82,7 +82,7 @@ class EngineConfig:
     weight_quant: WeightQuantName = "none"
     # fp32 with --weight-quant int4: prefill on the int4 x int8 GEMM too (activations rounded to int8
     # per group of 32, as decode and llama.cpp do; ~1.5x faster prefill on AVX2, but it changed
-    # SmolLM2's greedy answers, so it is opt-in; see docs/benchmarks.md).
+    # SmolLM2's greedy answers, so it is opt-in; see docs/benchmarks/history.md).
     int8_prefill: bool = False
     # fp32 with --weight-quant int4/int8: the dense weights, which serve prompt-sized batches only, in
     # bf16 (oneDNN's bf16 GEMM; fast only with AVX512-BF16/AMX). `--dtype auto` turns it on there

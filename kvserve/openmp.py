@@ -6,7 +6,7 @@ the machine has CPUs; past that it spins ~100 times and sleeps, and every parall
 waits for futex wake-ups. Each thread that runs a parallel region gets a team of its own that
 lives as long as the thread: a server that loaded its model on the main thread and decoded on an
 engine thread held two teams, and on 2 cores a SmolLM2 decode step took 16.6 ms instead of 10.0
-(~210 regions per step; docs/benchmarks.md). So the engine is built on the thread that runs it
+(~210 regions per step; docs/benchmarks/history.md). So the engine is built on the thread that runs it
 (`AsyncEngineClient(build=...)`), and threads that may run large torch ops (the disk tier's writer)
 call `confine_to_one_thread()`.
 """

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # On the H200 (16 cores, Llama-3.2-1B shape) 2 front ends cut the median TTFT at 64-256 streams and
-# 4 added nothing more: past one front end the engine process is the bound (docs/benchmarks.md).
+# 4 added nothing more: past one front end the engine process is the bound (docs/benchmarks/history.md).
 MAX_AUTO = 2
 
 

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, exit_cleanly)
     switch_interval_ms = switches().switch_interval_ms
-    if switch_interval_ms:  # the engine thread and the event loop share the GIL (docs/benchmarks.md)
+    if switch_interval_ms:  # the engine thread and the event loop share the GIL (docs/benchmarks/history.md)
         sys.setswitchinterval(switch_interval_ms / 1000)
     peer_conns = getattr(engine, "peer_conns", [])
     front_ends = sock = None

@@ -300,7 +300,7 @@ async def test_sixteen_concurrent_streams_match_their_sequential_answers(real_se
         # Twice: the second pass finds each prompt's full blocks in the prefix cache, as the 16
         # streams below do. A prompt computed from another cached prefix (the first pass: the
         # template's first block only) can differ in its KV's last bits, which int4 decode's int8
-        # activations can turn into another greedy token (docs/benchmarks.md, seventh session).
+        # activations can turn into another greedy token (docs/benchmarks/history.md).
         for _ in range(2):
             for prompt in prompts:
                 response = await client.post("/v1/chat/completions", json=body(prompt, False))

@@ -209,7 +209,7 @@ def apply_weight_quant(
     for parent, name, child in targets:
         # Under bf16_prefill the gated MLP stays in bf16 between its two GEMMs (activation included):
         # an fp32 round trip of its 2 x intermediate-wide output would be most of the casts a bf16
-        # prompt batch pays (profiled in docs/benchmarks.md).
+        # prompt batch pays (profiled in docs/benchmarks/history.md).
         layer = WeightOnlyLinear(
             child.weight.data, _bias(child), scheme, int8_prefill=int8_prefill, bf16_prefill=bf16_prefill,
             keep_prefill_dtype=name == "gate_up_proj",

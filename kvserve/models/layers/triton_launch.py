@@ -10,7 +10,7 @@ issue the loads that do not depend on the predecessor (a GEMV's first weight til
 successor start by calling `gdc_launch_dependents`; every kernel here calls it right after its
 wait, so its successor can start once its last programs are running. (Calling it before the wait,
 so that a chain of latency-bound kernels becomes resident together, measured no faster on the
-H200: docs/benchmarks.md.)
+H200: docs/benchmarks/history.md.)
 
 Rules each PDL kernel keeps: nothing written by an earlier kernel is read, and nothing is written,
 before `gdc_wait` (a predecessor may still read what it would overwrite). Kernels that are not PDL

@@ -9,7 +9,7 @@
 // separate streams. Four rows per pass share the activation loads and keep independent FMA chains in
 // flight, and the next block is prefetched while this one is computed. In one process at SmolLM2's
 // shapes (scripts/cpu_lowbit_ab.py, one thread, AVX2 EPYC): 30 layers' GEMVs (66 MB) 9.8 -> 7.9 ms,
-// the LM head 3.5 -> 2.9 ms; see docs/benchmarks.md.
+// the LM head 3.5 -> 2.9 ms; see docs/benchmarks/history.md.
 //
 // NOTE: each row's float operations are the row layout's (dot_row, dot_fp16_fp32, dot_row_q8_f32), in
 // the same order, so the logits are bit for bit equal (tested) and greedy answers cannot move with the
@@ -65,7 +65,7 @@ inline void dot_x4_q4(const uint8_t* blk, const int8_t* qx, const float* dx, con
 // same order, so the LM head's logits are bit for bit the row layout's (tested).
 // The stream is prefetched 2 KB ahead and a group's 4 scales are converted in one instruction: on
 // Gemma 3's head (262,144 x 640, 178 MB) 13.0 -> 10.5 ms standalone, one thread (512 bytes ahead and
-// a conversion per row before; fifth session, docs/benchmarks.md).
+// a conversion per row otherwise; docs/benchmarks/history.md).
 constexpr int X4_Q8_PREFETCH = 2048;
 
 inline void dot_x4_q8_f32(const uint8_t* blk, const float* x, int64_t G, float* out) {
