@@ -45,14 +45,14 @@ def timed(owner: Any, name: str, key: str | Callable[[tuple], str]) -> None:
 
 
 def add_breakdown_timers(vocab_size: int) -> None:
-    from kvserve.models import common, decode_stack
+    from kvserve.models import blocks, common, decode_stack
     from kvserve.models.layers import lowbit_cpu
 
     timed(decode_stack.CpuDecodeStack, "forward", "decode stack")
     timed(
         lowbit_cpu, "lowbit_linear", lambda a: "LM head" if a[1].shape[0] == vocab_size else "per-layer GEMVs"
     )
-    timed(common.Attention, "attend_qkv", "per-layer attention")
+    timed(blocks.Attention, "attend_qkv", "per-layer attention")
     timed(common.CausalLMBase, "forward", "model forward")
     timed(common.CausalLMBase, "compute_logits", "logits")
 

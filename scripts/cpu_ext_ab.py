@@ -115,9 +115,9 @@ def main() -> None:
     step_ms: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, ext in variants.items():
-            cpu_ext.load = lambda ext=ext: ext  # what decode_stack and lowbit_cpu call at each use
-            engine.runner.model.model.reset_decode_stack()
-            engine.step()  # rebuilds the stack on this extension: not timed
+            cpu_ext.load = lambda ext=ext: ext  # what the bound kernels and lowbit_cpu's calls take
+            engine.runner.model.select_kernels()  # rebinds the decode kernels to this extension
+            engine.step()  # not timed
             begin = time.perf_counter()
             for _ in range(args.steps):
                 engine.step()

@@ -40,12 +40,12 @@ def use_x4(engine: EngineCore, on: bool) -> None:
     # NOTE: a prefix-cache hit would prefill the prompt's tail (< 16 tokens) on the low-bit kernel
     # instead of the dense GEMM, which changes the answer by itself: each pass starts without one.
     engine.kv_manager.pool.reset_prefix_cache()
-    engine.runner.model.model.reset_decode_stack()
     for module in engine.runner.model.modules():
         if isinstance(module, WeightOnlyLinear) and module.bits is not None:
             if not hasattr(module, "_x4"):
                 module._x4 = module.packed  # type: ignore[attr-defined]
             module.packed = module._x4 if on else None  # type: ignore[attr-defined]
+    engine.runner.model.select_kernels()  # the decode stack holds the packed weights it was built with
 
 
 def answers(engine: EngineCore, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

@@ -37,9 +37,7 @@ def set_variant(
 ) -> None:
     """Switch the levers (module-level toggles restored by the next call)."""
     causal_lm = engine.runner.model
-    causal_lm.model.reset_decode_stack()
-    if not stack:
-        causal_lm.model._decode_stack_built = True  # as if it could not be built: per-layer path
+    causal_lm.model.use_fused_stack = stack  # False: the per-layer path
     lowbit_cpu.lowbit_gemm = _GEMM if gemm else (lambda *args, **kwargs: None)
     for module in causal_lm.modules():
         if isinstance(module, WeightOnlyLinear) and module.bits is not None:
@@ -47,6 +45,7 @@ def set_variant(
                 module._x4 = module.packed  # type: ignore[attr-defined]
             use = head_x4 if not module.quantize_input else layers_x4
             module.packed = module._x4 if use else None  # type: ignore[attr-defined]
+    causal_lm.select_kernels()  # the decode stack holds the packed weights it was built with
 
 
 _GEMM = lowbit_cpu.lowbit_gemm

@@ -18,7 +18,8 @@ from kvserve.distributed.layers import (
     VocabParallelLMHead,
 )
 from kvserve.distributed.partition import Span, attention_shard, split_evenly
-from kvserve.models.common import MLP, Attention, CausalLMBase
+from kvserve.models.blocks import MLP, Attention
+from kvserve.models.common import CausalLMBase
 from kvserve.models.config import ModelArchConfig
 
 

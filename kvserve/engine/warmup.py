@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from kvserve.engine.compile_watch import watch_compiles
 from kvserve.engine.kv_tier import NullKVTier
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.models.layers.attention.backend import PrecompilesKernels
 
 if TYPE_CHECKING:
     from kvserve.engine.core import EngineCore
@@ -31,24 +32,22 @@ WAVES = ((17,), (512, 300, 64, 1031), (512, 512, 33))
 
 
 def compile_attention_variants(core: EngineCore) -> None:
-    """The Triton decode kernel at every split count, once per distinct attention layer: an eager
-    step (one that mixes prompts with decodes) picks its split count from its batch size and longest
-    sequence, so the batches above reach only a few of them (H200, issue 21: three compiles of
-    290-560 ms in the first 16-, 64- and 256-stream bursts)."""
+    """The backend's kernel variants (the Triton decode kernel at every split count), once per
+    distinct attention layer: an eager step (one that mixes prompts with decodes) picks its split
+    count from its batch size and longest sequence, so the batches above reach only a few of them
+    (on an H200, three compiles of 290-560 ms fell in the first 16-, 64- and 256-stream bursts)."""
     model = getattr(core.runner, "model", None)  # a tensor-parallel driver: its ranks warm themselves
     if model is None:
         return
-    from kvserve.models.layers.attention.triton_decode import compile_split_variants
-
     done = set()
     for layer in model.model.layers:
         attn = layer.self_attn
-        cache = attn.kv_cache
+        backend, cache = attn.backend, attn.kv_cache
         key = (attn.num_heads, attn.scale, attn.sliding_window, None if cache is None else tuple(cache.shape))
-        if attn.backend.name != "triton" or cache is None or key in done:
+        if not isinstance(backend, PrecompilesKernels) or cache is None or key in done:
             continue
         done.add(key)
-        compile_split_variants(cache, attn.num_heads, scale=attn.scale, window=attn.sliding_window)
+        backend.precompile(cache, attn.num_heads, scale=attn.scale, window=attn.sliding_window)
 
 
 def warm_up(core: EngineCore, force: bool = False) -> None:

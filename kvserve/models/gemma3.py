@@ -12,10 +12,11 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from kvserve.models.common import Attention, CausalLMBase, DecoderLayer, LowbitNorms
+from kvserve.models.blocks import Attention
+from kvserve.models.common import CausalLMBase, DecoderLayer
 from kvserve.models.config import LayerType, ModelArchConfig
+from kvserve.models.fused_layers import LayerNorms
 from kvserve.models.layers.attention.backend import AttentionBackend
 from kvserve.models.layers.embedding import Embedding
 from kvserve.models.layers.norm import RMSNorm
@@ -35,8 +36,8 @@ _SKIPPED_PREFIXES = (
 
 
 class Gemma3DecoderLayer(DecoderLayer):
-    """DecoderLayer with Gemma's four norms: its dense path below, and its fp32 low-bit decode path
-    (DecoderLayer._forward_lowbit, the one-call decode stack) through `lowbit_norms`."""
+    """DecoderLayer with Gemma's four norms: its forward below, and where the fused forms (the fp32
+    low-bit decode, the one-call decode stack) apply them through `norms`."""
 
     def __init__(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend) -> None:
         bias = arch.attention_bias
@@ -50,12 +51,12 @@ class Gemma3DecoderLayer(DecoderLayer):
         self.pre_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
         self.post_feedforward_layernorm = RMSNorm(dim, eps, GEMMA_NORM_OFFSET)
 
-    def _forward_dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
-    def lowbit_norms(self) -> LowbitNorms:
-        return LowbitNorms(
+    def norms(self) -> LayerNorms:
+        return LayerNorms(
             self.input_layernorm,
             self.post_attention_layernorm,
             self.pre_feedforward_layernorm,
@@ -64,7 +65,7 @@ class Gemma3DecoderLayer(DecoderLayer):
 
 
 class Gemma3ForCausalLM(CausalLMBase):
-    def build_layer(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend) -> nn.Module:
+    def build_layer(self, arch: ModelArchConfig, layer_idx: int, backend: AttentionBackend) -> DecoderLayer:
         return Gemma3DecoderLayer(arch, layer_idx, backend)
 
     def build_embedding(self, arch: ModelArchConfig) -> Embedding:

@@ -36,7 +36,8 @@ class CausalLM(Protocol):
         ...
 
     def bind_kv_caches(self, caches: list[torch.Tensor]) -> None:
-        """One tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim] (K then V)."""
+        """One tensor per layer, [2, num_blocks, block_size, num_kv_heads, head_dim] (K then V); the
+        kernels that depend on them are bound here too (CausalLMBase.select_kernels)."""
         ...
 
 

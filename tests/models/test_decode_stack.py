@@ -25,9 +25,8 @@ def _model(family: str, tmp_path: Path, scheme: str) -> torch.nn.Module:
 
 def _run(model: torch.nn.Module, use_stack: bool) -> list[torch.Tensor]:
     """Prefill three sequences, then decode them alone and together; every step's logits."""
+    model.model.use_fused_stack = use_stack  # False: the per-layer path
     driver = PagedDriver(model, seed=3)
-    if not use_stack:  # as if the stack could not be built: the per-layer path
-        model.model._decode_stack_built = True
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 384, (n,), generator=gen).tolist() for n in (9, 17, 5)]
     logits = [driver.step([(i, p)]) for i, p in enumerate(prompts)]
@@ -37,7 +36,7 @@ def _run(model: torch.nn.Module, use_stack: bool) -> list[torch.Tensor]:
         logits.append(out)
         for row, i in enumerate(batch):
             tokens[i] = int(out[row].argmax())
-    assert (model.model._decode_stack is not None) == use_stack
+    assert (model.model.fused_stack is not None) == use_stack
     return logits
 
 
@@ -57,7 +56,7 @@ def test_no_stack_for_dense_models(tmp_path: Path) -> None:
     driver = PagedDriver(dense)
     driver.step([(0, [1, 2, 3])])
     driver.step([(0, [4])])
-    assert dense.model._decode_stack_built and dense.model._decode_stack is None
+    assert dense.model.fused_stack is None
 
 
 @pytest.mark.parametrize("family", ["gemma3", "qwen3"])
@@ -83,7 +82,7 @@ def test_lowbit_decode_is_the_dense_model_up_to_activation_rounding(family: str,
             logits = driver.step([(0, [token])])
             out.append(logits)
             token = int(logits[-1].argmax())
-    assert quant.model._decode_stack is not None
+    assert quant.model.fused_stack is not None
     for a, b in zip(*outs, strict=True):
         assert (a - b).norm() / b.norm() < 0.05
 

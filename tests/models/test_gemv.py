@@ -77,8 +77,10 @@ def test_can_use_gemv_only_for_one_16bit_row() -> None:
 @pytest.mark.skipif(not IS_CUDA, reason="needs CUDA")
 def test_decoder_layer_gemv_path_matches_unfused() -> None:
     """One token through a Llama layer: the GEMV path against the torch/cuBLAS path, bf16."""
-    from kvserve.models.common import Attention, DecoderLayer
+    from kvserve.models.blocks import Attention
+    from kvserve.models.common import DecoderLayer
     from kvserve.models.config import ModelArchConfig
+    from kvserve.models.fused_layers import GemvLayer
     from kvserve.models.layers.attention.metadata import AttentionMetadata, forward_context
     from kvserve.models.layers.attention.triton_backend import TritonBackend
     from kvserve.models.layers.rotary import RotaryEmbedding
@@ -120,12 +122,15 @@ def test_decoder_layer_gemv_path_matches_unfused() -> None:
     # The oracle: the same layer and cache in fp32 (the torch path; no GEMV for fp32).
     oracle = copy.deepcopy(layer).float()
     oracle.self_attn.kv_cache = cache.float()
+    layer.bind_kernels(torch.bfloat16)
+    oracle.bind_kernels(torch.float32)
     with torch.no_grad(), forward_context(metadata):
-        assert layer._can_run_gemv(x) and not oracle._can_run_gemv(x.float())
-        fast = layer(x, cos, sin)
+        assert isinstance(layer.fused, GemvLayer) and oracle.fused is None
+        fast = layer.fused(x, cos, sin)
         enabled, fused_ops.ENABLED = fused_ops.ENABLED, False
         try:
-            assert not layer._can_run_gemv(x)
+            layer.bind_kernels(torch.bfloat16)
+            assert layer.fused is None
             slow = layer(x, cos, sin)  # cuBLAS and the torch small ops, all in bf16
         finally:
             fused_ops.ENABLED = enabled

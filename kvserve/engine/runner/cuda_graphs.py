@@ -23,8 +23,8 @@ import torch
 from kvserve.engine.outputs import ScheduledRequest
 from kvserve.engine.runner.decode_staging import IDS, POSITIONS, SEQ_LENS, SLOTS, StagedRows, pad_rows
 from kvserve.engine.sampler import logits_and_greedy
+from kvserve.models.layers.attention.backend import CapturesDecode
 from kvserve.models.layers.attention.metadata import AttentionMetadata, forward_context
-from kvserve.models.layers.attention.triton_backend import TritonBackend
 from kvserve.models.layers.attention.triton_decode import choose_num_splits
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class DecodeGraphs:
     def __init__(
         self,
         model: torch.nn.Module,
-        backend: TritonBackend,
+        backend: CapturesDecode,
         *,
         max_batch_size: int,
         max_blocks_per_seq: int,

@@ -8,6 +8,7 @@ import logging
 import torch
 
 from kvserve.config import AttentionBackendName
+from kvserve.models.layers.attention.backend import AttentionBackend
 from kvserve.models.layers.attention.metadata import AttentionMetadata, forward_context
 
 logger = logging.getLogger(__name__)
@@ -30,11 +31,16 @@ def select_attention_backend(
     device: torch.device,
     name: AttentionBackendName,
     prefill_dtype: torch.dtype | None = None,
-) -> str:
-    """Install the backend on every attention layer (idempotent); returns its name. `prefill_dtype`:
-    the torch backend's dtype for prompt rows (bf16 under --bf16-prefill; None: the model's)."""
+) -> AttentionBackend:
+    """Install the backend on every attention layer (idempotent); returns the installed one.
+    `prefill_dtype`: the torch backend's dtype for prompt rows (bf16 under --bf16-prefill; None: the
+    model's)."""
     if name == "auto":
         name = "triton" if device.type == "cuda" and triton_available() else "torch_ref"
+    current: AttentionBackend = model.attention_backend
+    if current.name == name and prefill_dtype is None:
+        return current
+    backend: AttentionBackend
     if name == "triton":
         if device.type != "cuda":
             raise ValueError("--attention-backend triton needs a CUDA device")
@@ -45,10 +51,8 @@ def select_attention_backend(
         from kvserve.models.layers.attention.torch_ref import TorchRefBackend
 
         backend = TorchRefBackend(prefill_dtype)
-    current = getattr(model, "attention_backend_name", None)
-    if current != name or prefill_dtype is not None:
-        model.set_attention_backend(backend)
-    return name
+    model.set_attention_backend(backend)
+    return backend
 
 
 @torch.inference_mode()

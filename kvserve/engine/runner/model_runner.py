@@ -17,6 +17,7 @@ from kvserve.engine.runner.device_setup import GRAPH_MEMORY_BYTES, select_attent
 from kvserve.engine.runner.pending_tokens import PendingTokens, PendingTokensBuffers
 from kvserve.engine.runner.token_masks import build_token_masks
 from kvserve.engine.sampler import Sampler, SamplingBatch, is_plain_greedy, logits_and_greedy, make_generator
+from kvserve.models.layers.attention.backend import CapturesDecode
 from kvserve.models.layers.attention.metadata import forward_context
 from kvserve.models.loaded import LoadedModel
 
@@ -58,9 +59,8 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.vocab_size = loaded.arch.vocab_size
-        self.attention_backend = select_attention_backend(
-            self.model, device, attention_backend, prefill_attention_dtype
-        )
+        backend = select_attention_backend(self.model, device, attention_backend, prefill_attention_dtype)
+        self.attention_backend = backend.name
         num_layers, num_kv_heads, head_dim = self.model.kv_cache_spec()
         # [2, num_blocks, block_size, num_kv_heads, head_dim] per layer: K then V.
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
@@ -77,10 +77,9 @@ class ModelRunner:
 
         self.split_mixed_steps = any(isinstance(m, WeightOnlyLinear) for m in self.model.modules())
         self.graphs = None
-        if device.type == "cuda" and not enforce_eager and self.attention_backend == "triton":
+        if device.type == "cuda" and not enforce_eager and isinstance(backend, CapturesDecode):
             from kvserve.engine.runner.cuda_graphs import DecodeGraphs
 
-            backend = self.model.model.layers[0].self_attn.backend
             self.graphs = DecodeGraphs(
                 self.model,
                 backend,

@@ -186,14 +186,12 @@ def _full_k_kernel(block_k: int):
 
 def can_use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """One 16-bit token row on CUDA against a plain row-major weight."""
-    return (
-        x.is_cuda
-        and x.dim() == 2
-        and x.shape[0] == 1
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == x.dtype
-        and weight.stride(-1) == 1
-    )
+    return x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and fits_weight(weight, x.dtype)
+
+
+def fits_weight(weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """`weight` can take rows of `dtype`: both 16-bit and the same, the weight row-major."""
+    return dtype in (torch.bfloat16, torch.float16) and weight.dtype == dtype and weight.stride(-1) == 1
 
 
 def gemv(

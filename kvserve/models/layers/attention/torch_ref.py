@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvserve.models.layers.attention.backend import LayerAttention
+from kvserve.models.layers.attention.cpu_decode import CpuDecodeKernel
 from kvserve.models.layers.attention.decode_workspace import DecodeWorkspace, RowPlan
 from kvserve.models.layers.attention.kv_dtype import as_stored, to_kv_dtype
 from kvserve.models.layers.attention.metadata import AttentionMetadata
@@ -77,6 +79,13 @@ class TorchRefBackend:
         self.workspace = DecodeWorkspace()
         self._rows: RowPlan | None = None  # this forward's workspace rows; None: gather from the pool
         self._folded_masks: dict[tuple[int, int, torch.dtype], torch.Tensor] = {}  # this forward's
+
+    def decode_kernel(
+        self, layer: LayerAttention, dtype: torch.dtype, cache: torch.Tensor
+    ) -> CpuDecodeKernel | None:
+        """fp32 CPU decodes in one C++ call per layer (cpu_decode.py); the layer's `attend` path
+        covers every other step."""
+        return CpuDecodeKernel(layer, cache) if CpuDecodeKernel.supports(dtype, cache) else None
 
     def write_kv(
         self, cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor

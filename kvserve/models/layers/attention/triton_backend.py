@@ -9,14 +9,21 @@ size, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
 import triton
 import triton.language as tl
 
+from kvserve.models.layers import fused_ops
+from kvserve.models.layers.attention.backend import RotaryKVKernel
 from kvserve.models.layers.attention.metadata import AttentionMetadata
-from kvserve.models.layers.attention.triton_decode import choose_num_splits, decode_attention
+from kvserve.models.layers.attention.triton_decode import (
+    choose_num_splits,
+    compile_split_variants,
+    decode_attention,
+)
 from kvserve.models.layers.attention.triton_prefill import prefill_attention
 from kvserve.models.layers.triton_launch import pdl_enter, use_pdl
 
@@ -105,6 +112,17 @@ class TritonBackend:
             num_warps=1 if num_kv_heads * head_dim <= 1024 else 4,
             launch_pdl=pdl,
         )
+
+    def rotary_kv_kernel(self, dtype: torch.dtype, cache: torch.Tensor) -> RotaryKVKernel | None:
+        """RoPE of q and k and the KV write in one launch (fused_ops.rotary) instead of two, with the
+        fused small ops on (fused_ops.ENABLED)."""
+        if not (cache.is_cuda and fused_ops.ENABLED):
+            return None
+        return functools.partial(fused_ops.rotary, kv_cache=cache)
+
+    def precompile(self, cache: torch.Tensor, num_heads: int, *, scale: float, window: int | None) -> None:
+        """The decode kernel at every split count (triton_decode.compile_split_variants)."""
+        compile_split_variants(cache, num_heads, scale=scale, window=window)
 
     def attend(
         self,
