@@ -33,11 +33,6 @@ FORBIDDEN = {
 }
 
 # Circles that another branch resolves. Each must still occur here: drop it once it does not.
-KNOWN_CIRCLES = [
-    {"kvserve.models.common", "kvserve.models.decode_stack"},  # fixed on branch i33-kernels
-]
-
-
 class Import(NamedTuple):
     importer: str  # dotted module name
     imported: str  # the module it names: the submodule where `from package import name` names one
@@ -151,13 +146,8 @@ def test_no_circle_between_modules() -> None:
     # Lazy imports count too. One kept for start-up cost (torch, Triton, the engine behind the CLI's
     # parser) points down the layers and never closes a circle; one that closes a circle hides it.
     graph = import_graph(ROOT)
-    circles = [c for c in strongly_connected(graph) if c not in KNOWN_CIRCLES]
+    circles = strongly_connected(graph)
     assert not circles, "\n".join(describe_circle(graph, c) for c in circles)
-
-
-def test_known_circles_still_occur() -> None:
-    components = strongly_connected(import_graph(ROOT))
-    assert [c for c in KNOWN_CIRCLES if c not in components] == []
 
 
 def test_a_lazy_or_type_checking_import_that_closes_a_circle_is_found(tmp_path: Path) -> None:
