@@ -143,7 +143,7 @@ class TorchRefBackend:
             key = (id(plan), group, dtype)
             mask = self._folded_masks.get(key)
             if mask is None:
-                mask = self._folded_masks[key] = _folded_mask(plan, group, dtype)
+                mask = self._folded_masks[key] = _folded_mask(plan, group, dtype, q.device)
         return _attend_prefill(q, k, v, cache, plan, scale, dtype, mask)
 
     def _plan(
@@ -276,15 +276,17 @@ def _attend_workspace(
     return out.reshape(num_decodes, num_heads, head_dim).to(dtype)
 
 
-def _folded_mask(plan: _PrefillPlan, group: int, dtype: torch.dtype) -> torch.Tensor:
+def _folded_mask(
+    plan: _PrefillPlan, group: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """[group * num_queries, num_keys] additive mask (0 / -inf) in `dtype` for the folded queries
     (row g * num_queries + i is query i of group member g); built once per forward and shared by
     every layer, so SDPA converts no boolean mask per call."""
     visible = plan.mask
     if visible is None:  # a fresh prompt without a window: plain causal over its own keys
         n = plan.query_end - plan.query_start
-        visible = torch.ones(n, n, dtype=torch.bool).tril_()
-    additive = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+        visible = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+    additive = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
     return additive.repeat(group, 1) if group > 1 else additive
 
 
