@@ -38,6 +38,21 @@ def test_changed_sources_build_in_a_new_folder(tmp_path: Path, monkeypatch: pyte
     assert old != new and (src / "a.cpp").read_text() == "int g();\n"
 
 
+def test_another_installation_builds_in_its_own_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second virtualenv (other torch and Python include paths in the compile command) must not
+    share a build folder with the first, or each start rebuilds the other's kernels."""
+    import torch.utils.cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    here, _, _ = cpu_ext._build_folders(_checkout(tmp_path / "one", "int f();\n"))
+    other_venv = ["/elsewhere/.venv/lib/python3/site-packages/torch/include"]
+    monkeypatch.setattr(torch.utils.cpp_extension, "include_paths", lambda *a, **k: other_venv)
+    there, _, _ = cpu_ext._build_folders(_checkout(tmp_path / "two", "int f();\n"))
+    assert here != there
+
+
 def test_a_lock_left_by_a_killed_build_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
     _, _, build = cpu_ext._build_folders(_checkout(tmp_path / "one", "int f();\n"))

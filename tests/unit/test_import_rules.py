@@ -32,6 +32,7 @@ FORBIDDEN = {
     "bench": {"cli"},
 }
 
+
 # Circles that another branch resolves. Each must still occur here: drop it once it does not.
 class Import(NamedTuple):
     importer: str  # dotted module name

@@ -80,18 +80,24 @@ _CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 
 
 def _build_folders(csrc: Path) -> tuple[str, Path, Path]:
-    """(module name, source folder, build folder), keyed by the sources' content and flags.
+    """(module name, source folder, build folder), keyed by everything in the compile command: the
+    sources' content, the flags, torch's version and the include paths.
 
     torch's own cache is keyed by the extension's name, and ninja rebuilds whenever a compile command
     changes, which the absolute source paths are part of: two checkouts (a CI clone, a worktree)
     took turns recompiling the same code for minutes each. The sources are therefore copied into a
-    folder named by their hash, and compiled from there: same code, same paths, one build per
-    machine; changed code, a new folder.
+    folder named by their hash, and compiled from there. The include paths (torch's headers and
+    Python's, inside each virtualenv) are in the command too: two installations on one machine
+    would otherwise rebuild each other's kernels at every start, so each gets its own folder.
     """
+    import sysconfig
+
     import torch
+    from torch.utils.cpp_extension import include_paths
 
     files = sorted(p for p in csrc.iterdir() if p.suffix in (".cpp", ".h"))
-    digest = hashlib.sha256(" ".join((*_CFLAGS, torch.__version__)).encode())
+    command = (*_CFLAGS, torch.__version__, *include_paths(), sysconfig.get_paths()["include"])
+    digest = hashlib.sha256(" ".join(command).encode())
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     name = f"kvserve_cpu_kernels_{digest.hexdigest()[:12]}"

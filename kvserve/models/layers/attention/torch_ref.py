@@ -276,9 +276,7 @@ def _attend_workspace(
     return out.reshape(num_decodes, num_heads, head_dim).to(dtype)
 
 
-def _folded_mask(
-    plan: _PrefillPlan, group: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
+def _folded_mask(plan: _PrefillPlan, group: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """[group * num_queries, num_keys] additive mask (0 / -inf) in `dtype` for the folded queries
     (row g * num_queries + i is query i of group member g); built once per forward and shared by
     every layer, so SDPA converts no boolean mask per call."""
