@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from kvserve.api.access_log import request_id_of
 from kvserve.api.disconnect import cancel_on_disconnect
 from kvserve.api.errors import ApiError
+from kvserve.chat.conversation import ChatRequest
 from kvserve.serving.chat_service import ChatService, PreparedRequest
 from kvserve.serving.events import GenerationEvent
 from kvserve.serving.result import GenerationResult, collect
@@ -29,6 +30,13 @@ def chat_service(request: Request) -> ChatService:
 def generate(request: Request, prepared: PreparedRequest) -> AsyncIterator[GenerationEvent]:
     """The request's event stream, observed for /metrics."""
     return request.app.state.metrics.observe(chat_service(request).generate(prepared))
+
+
+async def to_chat(request: Request, adapter: Callable[..., ChatRequest], *args: Any) -> ChatRequest:
+    """Wire -> ChatRequest in a worker thread: adapters decode images, up to 16 of 40 megapixels
+    each by default, under the server's image limits."""
+    limits = request.app.state.settings.image_limits
+    return await run_in_threadpool(adapter, *args, image_limits=limits)
 
 
 async def prepare(

@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from kvserve.api.errors import ApiError
-from kvserve.chat.conversation import ImagePart, JsonFormat, ReasoningControl, SamplingOptions
+from kvserve.chat.conversation import JsonFormat, ReasoningControl, SamplingOptions
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 # The engine returns at most this many alternatives per token (OpenAI's limit too).
@@ -58,13 +58,6 @@ def reasoning_from_effort(effort: str | None, param: str = "reasoning_effort") -
     if effort not in REASONING_EFFORTS:
         raise ApiError(400, f"{param} must be one of {', '.join(REASONING_EFFORTS)}", param=param)
     return ReasoningControl(enabled=effort != "none", effort=effort)
-
-
-def image_part(url: str, param: str) -> ImagePart:
-    """Images only as data: URIs; the server never fetches URLs or reads paths."""
-    if not url.startswith("data:image/"):
-        raise ApiError(400, "images must be given as data:image/... URIs; URLs are not fetched", param=param)
-    return ImagePart(url)
 
 
 def arguments_text(arguments: str | dict[str, Any] | Any) -> str:

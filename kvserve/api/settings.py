@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from kvserve.chat.image_limits import ImageLimits
 
 
 @dataclass(frozen=True)
@@ -12,3 +14,4 @@ class ApiSettings:
     cors: bool = False
     max_body_bytes: int = 64 * 2**20
     owned_by: str = "kvserve"
+    image_limits: ImageLimits = field(default_factory=ImageLimits)  # what every request's images may be

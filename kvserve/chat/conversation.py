@@ -7,7 +7,10 @@ about a protocol's field names, so the three chat APIs share one pipeline.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # the type only: Pillow loads with the API server, not with every `kvserve` command
+    from kvserve.chat.image import Image
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -35,6 +38,8 @@ class ToolCallPart:
 
 @dataclass(frozen=True)
 class ToolResultPart:
+    """Images the tool returned (a screenshot) follow it in its tool message as ImageParts."""
+
     tool_call_id: str
     content: str
     is_error: bool = False
@@ -42,9 +47,9 @@ class ToolResultPart:
 
 @dataclass(frozen=True)
 class ImagePart:
-    """An image, only ever as a `data:` URI (URLs and paths are rejected at the edge)."""
+    """A decoded, validated image (chat/image.py); URLs and paths are rejected at the edge."""
 
-    url: str
+    image: Image
 
 
 Part = TextPart | ReasoningPart | ToolCallPart | ToolResultPart | ImagePart
@@ -71,6 +76,10 @@ class Message:
     @property
     def tool_calls(self) -> tuple[ToolCallPart, ...]:
         return tuple(p for p in self.parts if isinstance(p, ToolCallPart))
+
+    @property
+    def images(self) -> tuple[ImagePart, ...]:
+        return tuple(p for p in self.parts if isinstance(p, ImagePart))
 
     @property
     def has_images(self) -> bool:

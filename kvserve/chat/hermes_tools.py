@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvserve.chat.conversation import Message, TextPart, ToolCallPart, ToolResultPart, ToolSpec
+from kvserve.chat.conversation import Message, Part, TextPart, ToolCallPart, ToolResultPart, ToolSpec
 from kvserve.chat.tools import canonical_json, canonical_json_text, tool_schema_text
 
 TOOLS_PREAMBLE = (
@@ -55,19 +55,20 @@ def hermes_messages(messages: Sequence[Message], tools: Sequence[ToolSpec]) -> t
     if not needs_rewrite(messages, tools):
         return tuple(messages)
     out: list[Message] = []
-    responses: list[str] = []  # consecutive tool results, flushed as one user turn
+    responses: list[Part] = []  # consecutive tool results (and their images), flushed as one user turn
     for message in messages:
         if message.role == "tool":
-            responses.append(tool_response_text(_result_text(message)))
+            separator = (TextPart("\n"),) if responses else ()
+            responses += [*separator, TextPart(tool_response_text(_result_text(message))), *message.images]
             continue
         if responses:
-            out.append(Message("user", (TextPart("\n".join(responses)),)))
+            out.append(Message("user", tuple(responses)))
             responses = []
         out.append(
             _with_call_text(message) if message.role == "assistant" and message.tool_calls else message
         )
     if responses:
-        out.append(Message("user", (TextPart("\n".join(responses)),)))
+        out.append(Message("user", tuple(responses)))
     if tools:
         block = tools_system_block(tools)
         if out and out[0].role == "system":

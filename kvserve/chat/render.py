@@ -195,9 +195,11 @@ def _template_content(message: Message, result_closers: tuple[str, ...]) -> str 
     parts: list[dict[str, Any]] = []
     for part in message.parts:
         if isinstance(part, ImagePart):
-            parts.append({"type": "image", "image": part.url})
+            parts.append({"type": "image"})  # HF templates write the placeholder; pixels go to the model
         elif isinstance(part, TextPart):
             parts.append({"type": "text", "text": part.text})
+        elif isinstance(part, ToolResultPart):
+            parts.append({"type": "text", "text": escape_result(part.content, result_closers)})
     return parts
 
 

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvserve.chat.image_limits import DEFAULT_LIMITS, ImageLimits
 from kvserve.cli.engine_args import (
     add_engine_args,
     add_kv_store_args,
@@ -70,6 +71,18 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-body-mb", type=_positive_int, default=64, help="largest request body; bigger ones get 413"
+    )
+    g.add_argument(
+        "--max-images-per-request",
+        type=_positive_int,
+        default=DEFAULT_LIMITS.max_images_per_request,
+        help="images one request may carry, tool results included; more get a 400",
+    )
+    g.add_argument(
+        "--max-image-pixels",
+        type=_positive_int,
+        default=DEFAULT_LIMITS.max_image_pixels,
+        help="width x height of one image, checked before decoding; bigger ones get a 400",
     )
     g.add_argument("--chdir", default=None, help="change to this directory before loading the model")
     g.add_argument(
@@ -266,6 +279,7 @@ def build_app_over(
         api_key=args.api_key,
         cors=args.cors,
         max_body_bytes=args.max_body_mb * 2**20,
+        image_limits=ImageLimits(args.max_images_per_request, args.max_image_pixels),
     )
     store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
     handle.feed_prompt_sources(service.recorder)

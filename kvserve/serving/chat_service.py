@@ -144,8 +144,7 @@ class ChatService:
     # -- prepare (sync; run it off the event loop for long prompts) ---------------------
 
     def render(self, request: ChatRequest) -> str:
-        if not self.settings.supports_images and any(m.has_images for m in request.messages):
-            raise RequestError("this model does not accept image inputs", param="messages")
+        self._check_images(request, "messages")
         if self.tool_memory is not None:
             request = attach_replays(request, self.tool_memory)
         try:
@@ -161,6 +160,7 @@ class ChatService:
         continuation: ContinuationWording | None = None,
     ) -> PreparedRequest:
         """`continuation` (Responses, Anthropic) lets trailing tool results continue a live sequence."""
+        self._check_images(request, param)
         prompt = self._live_prompt(request, continuation) if continuation is not None else None
         if prompt is None:
             text = self.render(request)
@@ -170,6 +170,13 @@ class ChatService:
             prompt.token_ids, request.options, param, request_id, chat=request, prompt_text=prompt.text
         )
         return self._constrained(prepared, lambda: self.constraints.for_chat(request, prompt.text))
+
+    def _check_images(self, request: ChatRequest, param: str) -> None:
+        if not self.settings.supports_images and any(m.has_images for m in request.messages):
+            raise RequestError(
+                f"the model {self.settings.model_name!r} does not accept image inputs (it has no vision)",
+                param=param,
+            )
 
     def _live_prompt(self, request: ChatRequest, wording: ContinuationWording) -> PromptTokens | None:
         found = find_live_sequence(request, wording, self.live_sequences, self.tool_memory)

@@ -194,7 +194,7 @@ async def test_sampling_fields_reach_the_engine(harness: Harness) -> None:
                     }
                 ]
             },
-            "messages",
+            "messages.0.content.0",  # three zero bytes: not a PNG
         ),
         ({}, "messages"),
         ({"messages": []}, "messages"),

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.cli.main import main
+from kvserve.chat.image_limits import DEFAULT_LIMITS
+from kvserve.cli.main import _build_parser, main
 
 
 def test_chdir_to_a_missing_directory_is_a_one_line_error(tmp_path: Path) -> None:
@@ -22,6 +23,19 @@ def test_max_body_mb_must_be_a_positive_integer(value: str, capsys: pytest.Captu
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--max-body-mb", value])
     assert exit_info.value.code == 2 and "--max-body-mb" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--max-images-per-request", "--max-image-pixels"])
+def test_image_limits_must_be_positive_integers(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", flag, "0"])
+    assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_image_limit_flags_default_to_the_settings() -> None:
+    args = _build_parser().parse_args(["serve", "--max-image-pixels", "1000"])
+    assert args.max_images_per_request == DEFAULT_LIMITS.max_images_per_request == 16
+    assert args.max_image_pixels == 1000
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "many"])

@@ -8,9 +8,9 @@ from typing import Any, Literal
 from kvserve.api.anthropic_messages.schema import ContentBlock, MessageParam, MessagesRequest
 from kvserve.api.errors import ApiError, anthropic_error_body
 from kvserve.api.extension import server_hints
+from kvserve.api.image_reader import ImageReader
 from kvserve.api.request_fields import (
     arguments_text,
-    image_part,
     max_tokens,
     reasoning_from_effort,
     stop_list,
@@ -19,6 +19,7 @@ from kvserve.api.sse import KEEPALIVE, event_frame, prefill_comment
 from kvserve.chat.conversation import (
     ChatRequest,
     GenerationOptions,
+    ImagePart,
     Message,
     NamedToolChoice,
     Part,
@@ -30,6 +31,7 @@ from kvserve.chat.conversation import (
     ToolChoice,
     ToolResultPart,
 )
+from kvserve.chat.image_limits import DEFAULT_LIMITS, ImageLimits
 from kvserve.chat.tools import tools_from_anthropic
 from kvserve.serving.events import (
     Failed,
@@ -54,15 +56,17 @@ _PRIVATE_SYSTEM_PREFIX = "x-anthropic-"
 # -- request ---------------------------------------------------------------------------
 
 
-def to_chat_request(wire: MessagesRequest) -> ChatRequest:
+def to_chat_request(wire: MessagesRequest, image_limits: ImageLimits = DEFAULT_LIMITS) -> ChatRequest:
+    """Decodes every image (CPU-bound: call it off the event loop)."""
     if not wire.messages:
         raise ApiError(400, "messages: at least one message is required", param="messages")
     messages: list[Message] = []
     system = system_text(wire.system)
     if system:
         messages.append(Message("system", (TextPart(system),)))
+    images = ImageReader(image_limits)
     for i, message in enumerate(wire.messages):
-        messages.extend(_messages(message, i))
+        messages.extend(_messages(message, i, images))
     options = GenerationOptions(
         sampling=SamplingOptions(temperature=wire.temperature, top_p=wire.top_p, top_k=wire.top_k),
         stop=stop_list(wire.stop_sequences),
@@ -134,7 +138,7 @@ def _tool_choice(value: dict[str, Any] | None) -> ToolChoice:
     raise ApiError(400, 'tool_choice.type must be "auto", "any", "tool" or "none"', param="tool_choice")
 
 
-def _messages(message: MessageParam, index: int) -> list[Message]:
+def _messages(message: MessageParam, index: int, images: ImageReader) -> list[Message]:
     """One wire message -> canonical messages; tool_result blocks become their own tool messages."""
     role = {"user": "user", "assistant": "assistant", "system": "system"}.get(message.role)
     if role is None:
@@ -151,9 +155,9 @@ def _messages(message: MessageParam, index: int) -> list[Message]:
             if pending:
                 out.append(Message(role, tuple(pending)))
                 pending = []
-            out.append(Message("tool", (_tool_result(block, param),)))
+            out.append(_tool_result(block, param, images))
             continue
-        part = _part(block, role, param)
+        part = _part(block, role, param, images)
         if part is not None:
             pending.append(part)
     if pending or not out:
@@ -161,7 +165,7 @@ def _messages(message: MessageParam, index: int) -> list[Message]:
     return out
 
 
-def _part(block: ContentBlock, role: str, param: str) -> Part | None:
+def _part(block: ContentBlock, role: str, param: str, images: ImageReader) -> Part | None:
     if block.type == "text":
         return TextPart(block.text or "")
     if block.type == "thinking" and role == "assistant":
@@ -172,30 +176,42 @@ def _part(block: ContentBlock, role: str, param: str) -> Part | None:
         arguments = arguments_text({} if block.input is None else block.input)
         return ToolCallPart(block.id or "", block.name or "", arguments)
     if block.type == "image":
-        return image_part(_image_url(block.source or {}, param), param)
+        return _image(block, param, images)
     raise ApiError(
         400, f"{param}: unsupported content block type {block.type!r} in a {role} message", param=param
     )
 
 
-def _image_url(source: dict[str, Any], param: str) -> str:
-    if source.get("type") == "base64" and isinstance(source.get("data"), str):
-        return f"data:{source.get('media_type', 'image/png')};base64,{source['data']}"
-    raise ApiError(400, f"{param}: images must be base64 sources; URLs are not fetched", param=param)
+def _image(block: ContentBlock, param: str, images: ImageReader) -> ImagePart:
+    source = block.source or {}
+    data, media_type = source.get("data"), source.get("media_type")
+    if source.get("type") == "base64" and isinstance(data, str) and isinstance(media_type, str):
+        return images.from_base64(data, media_type, param)
+    raise ApiError(
+        400,
+        f"{param}: images must be base64 sources with a media_type; the server does not fetch URLs "
+        "or read files",
+        param=param,
+    )
 
 
-def _tool_result(block: ContentBlock, param: str) -> ToolResultPart:
+def _tool_result(block: ContentBlock, param: str, images: ImageReader) -> Message:
+    """A tool message: the result's text blocks joined, then its images."""
     content = block.content
+    found: list[ImagePart] = []
     if content is None:
         text = ""
     elif isinstance(content, str):
         text = content
     else:
-        # Text blocks joined; an image inside a tool result is marked, not sent (no vision yet).
-        text = "".join(
-            b.text or "" if b.type == "text" else "[image]" if b.type == "image" else "" for b in content
-        )
-    return ToolResultPart(block.tool_use_id or "", text, is_error=bool(block.is_error))
+        text = ""
+        for k, inner in enumerate(content):
+            if inner.type == "text":
+                text += inner.text or ""
+            elif inner.type == "image":
+                found.append(_image(inner, f"{param}.content.{k}", images))
+    result = ToolResultPart(block.tool_use_id or "", text, is_error=bool(block.is_error))
+    return Message("tool", (result, *found))
 
 
 # -- response --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from kvserve.api.anthropic_messages.adapter import MessagesStreamEncoder, to_chat_request, to_response
 from kvserve.api.anthropic_messages.schema import MessagesRequest
 from kvserve.api.body import read_model
-from kvserve.api.generation import chat_service, complete, encode_stream, generate, prepare
+from kvserve.api.generation import chat_service, complete, encode_stream, generate, prepare, to_chat
 from kvserve.api.request_fields import new_id
 from kvserve.api.sse import sse_response
 from kvserve.serving.tool_continuation import ANTHROPIC
@@ -29,7 +29,8 @@ _BODY = {
 async def messages(request: Request) -> Response:
     wire = await read_model(request, MessagesRequest)
     service = chat_service(request)
-    prepared = await prepare(request, service.prepare_chat, to_chat_request(wire), continuation=ANTHROPIC)
+    chat = await to_chat(request, to_chat_request, wire)
+    prepared = await prepare(request, service.prepare_chat, chat, continuation=ANTHROPIC)
     model = wire.model or request.app.state.settings.served_model_name
     message_id = new_id("msg_")
     events = generate(request, prepared)
@@ -43,7 +44,7 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> dict[str, Any]:
     wire = await read_model(request, MessagesRequest)
     service = chat_service(request)
-    chat = to_chat_request(wire)
+    chat = await to_chat(request, to_chat_request, wire)
     text = await run_in_threadpool(service.render, chat)
     token_ids = await run_in_threadpool(service.tokenize, text, False)
     return {"input_tokens": len(token_ids)}

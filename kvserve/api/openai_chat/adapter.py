@@ -7,11 +7,11 @@ from typing import Any
 
 from kvserve.api.errors import ApiError
 from kvserve.api.extension import server_hints
+from kvserve.api.image_reader import ImageReader
 from kvserve.api.logprobs_json import token_logprob_json
 from kvserve.api.openai_chat.schema import ChatCompletionRequest, ChatMessage, ContentPart
 from kvserve.api.request_fields import (
     arguments_text,
-    image_part,
     json_format,
     max_tokens,
     new_id,
@@ -24,6 +24,7 @@ from kvserve.api.sse import DONE, FrameTemplate, data_frame, prefill_comment
 from kvserve.chat.conversation import (
     ChatRequest,
     GenerationOptions,
+    ImagePart,
     Message,
     NamedToolChoice,
     Part,
@@ -35,6 +36,7 @@ from kvserve.chat.conversation import (
     ToolChoice,
     ToolResultPart,
 )
+from kvserve.chat.image_limits import DEFAULT_LIMITS, ImageLimits
 from kvserve.chat.tools import tools_from_openai
 from kvserve.serving.events import (
     Failed,
@@ -65,7 +67,8 @@ _ROLES: dict[str, Role] = {
 # -- request ---------------------------------------------------------------------------
 
 
-def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
+def to_chat_request(wire: ChatCompletionRequest, image_limits: ImageLimits = DEFAULT_LIMITS) -> ChatRequest:
+    """Decodes every image (CPU-bound: call it off the event loop)."""
     if wire.n is not None and wire.n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
     if not wire.messages:
@@ -77,8 +80,9 @@ def to_chat_request(wire: ChatCompletionRequest) -> ChatRequest:
         max_tokens=max_tokens(limit, "max_tokens"),
         hints=server_hints(wire.kvserve),
     )
+    images = ImageReader(image_limits)
     return ChatRequest(
-        messages=tuple(_message(m, i) for i, m in enumerate(wire.messages)),
+        messages=tuple(_message(m, i, images) for i, m in enumerate(wire.messages)),
         options=options,
         tools=tools_from_openai(t.model_dump(exclude_none=True) for t in wire.tools or ()),
         tool_choice=tool_choice(wire.tool_choice),
@@ -131,17 +135,18 @@ def tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
     )
 
 
-def _message(message: ChatMessage, index: int) -> Message:
+def _message(message: ChatMessage, index: int, images: ImageReader) -> Message:
     role = _ROLES.get(message.role)
     if role is None:
         raise ApiError(400, f"unknown role {message.role!r}", param=f"messages.{index}.role")
     parts: list[Part] = []
     if role == "assistant" and (message.reasoning_content or message.reasoning):
         parts.append(ReasoningPart(message.reasoning_content or message.reasoning or ""))
-    content = _content_parts(message.content, index)
-    if role == "tool":
+    content = _content_parts(message.content, index, images)
+    if role == "tool":  # its image parts (a screenshot the tool took) follow the result
         text = "".join(p.text for p in content if isinstance(p, TextPart))
-        return Message("tool", (ToolResultPart(message.tool_call_id or "", text),))
+        result = ToolResultPart(message.tool_call_id or "", text)
+        return Message("tool", (result, *(p for p in content if isinstance(p, ImagePart))))
     parts.extend(content)
     for call in message.tool_calls or ():
         parts.append(
@@ -152,7 +157,7 @@ def _message(message: ChatMessage, index: int) -> Message:
     return Message(role, tuple(parts))
 
 
-def _content_parts(content: str | list[ContentPart] | None, index: int) -> list[Part]:
+def _content_parts(content: str | list[ContentPart] | None, index: int, images: ImageReader) -> list[Part]:
     if content is None:
         return []
     if isinstance(content, str):
@@ -163,7 +168,7 @@ def _content_parts(content: str | list[ContentPart] | None, index: int) -> list[
         if part.type in ("text", "input_text") and part.text is not None:
             parts.append(TextPart(part.text))
         elif part.type == "image_url" and part.image_url is not None:
-            parts.append(image_part(part.image_url.url, param))
+            parts.append(images.from_url(part.image_url.url, param))
         else:
             raise ApiError(400, f"unsupported content part of type {part.type!r}", param=param)
     return parts

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvserve.api.body import read_model
-from kvserve.api.generation import chat_service, complete, encode_stream, generate, prepare
+from kvserve.api.generation import chat_service, complete, encode_stream, generate, prepare, to_chat
 from kvserve.api.openai_chat.adapter import ChatStreamEncoder, to_chat_request, to_response
 from kvserve.api.openai_chat.schema import ChatCompletionRequest
 from kvserve.api.request_fields import new_id
@@ -28,7 +28,8 @@ router = APIRouter()
 async def chat_completions(request: Request) -> Response:
     wire = await read_model(request, ChatCompletionRequest)
     service = chat_service(request)
-    prepared = await prepare(request, service.prepare_chat, to_chat_request(wire))
+    chat = await to_chat(request, to_chat_request, wire)
+    prepared = await prepare(request, service.prepare_chat, chat)
     model = wire.model or request.app.state.settings.served_model_name
     completion_id = new_id("chatcmpl-")
     events = generate(request, prepared)

@@ -7,10 +7,10 @@ from typing import Any
 
 from kvserve.api.errors import ApiError
 from kvserve.api.extension import server_hints
+from kvserve.api.image_reader import ImageReader
 from kvserve.api.openai_responses.schema import InputContent, InputItem, ResponsesRequest
 from kvserve.api.request_fields import (
     arguments_text,
-    image_part,
     json_format,
     max_tokens,
     reasoning_from_effort,
@@ -20,6 +20,7 @@ from kvserve.api.request_fields import (
 from kvserve.chat.conversation import (
     ChatRequest,
     GenerationOptions,
+    ImagePart,
     Message,
     NamedToolChoice,
     Part,
@@ -31,6 +32,7 @@ from kvserve.chat.conversation import (
     ToolChoice,
     ToolResultPart,
 )
+from kvserve.chat.image_limits import DEFAULT_LIMITS, ImageLimits
 from kvserve.chat.tools import flat_tool_name, tools_from_responses
 
 _ROLES: dict[str, Role] = {
@@ -59,9 +61,12 @@ def conversation(wire: ResponsesRequest, chat: ChatRequest) -> tuple[Message, ..
     return chat.messages[1:] if wire.instructions else chat.messages
 
 
-def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) -> ChatRequest:
+def to_chat_request(
+    wire: ResponsesRequest, previous: tuple[Message, ...] = (), image_limits: ImageLimits = DEFAULT_LIMITS
+) -> ChatRequest:
     """`previous` is the stored conversation of `previous_response_id`. Its instructions are not
-    carried over (OpenAI semantics): only this request's `instructions` lead the prompt."""
+    carried over (OpenAI semantics): only this request's `instructions` lead the prompt. Decodes
+    every image of `input` (CPU-bound: call it off the event loop); `previous` ones were already."""
     messages: list[Message] = []
     if wire.instructions:
         messages.append(Message("system", (TextPart(wire.instructions),)))
@@ -71,7 +76,7 @@ def to_chat_request(wire: ResponsesRequest, previous: tuple[Message, ...] = ()) 
         if isinstance(wire.input, str)
         else wire.input
     )
-    messages.extend(_messages(items))
+    messages.extend(_messages(items, ImageReader(image_limits)))
     if not messages:
         raise ApiError(400, "input must not be empty", param="input")
     options = GenerationOptions(
@@ -116,8 +121,8 @@ def _tool_choice(value: str | dict[str, Any] | None) -> ToolChoice:
     )
 
 
-def _messages(items: list[InputItem]) -> list[Message]:
-    folder = _ItemFolder()
+def _messages(items: list[InputItem], images: ImageReader) -> list[Message]:
+    folder = _ItemFolder(images)
     for i, item in enumerate(items):
         folder.add(item, f"input.{i}")
     return folder.finish()
@@ -126,7 +131,8 @@ def _messages(items: list[InputItem]) -> list[Message]:
 class _ItemFolder:
     """Items -> messages: calls merge into the preceding assistant turn; reasoning attaches to the next."""
 
-    def __init__(self) -> None:
+    def __init__(self, images: ImageReader) -> None:
+        self.images = images
         self.messages: list[Message] = []
         self._reasoning: list[Part] = []
 
@@ -139,12 +145,21 @@ class _ItemFolder:
         elif kind in ("function_call", "custom_tool_call"):
             self._assistant([_tool_call(item)])
         elif kind.endswith("_call_output") or kind == "tool_search_output":
-            result = ToolResultPart(_call_id(item), _output_text(item.output))
-            self.messages.append(Message("tool", (result,)))
+            self.messages.append(self._tool_output(item, param))
         elif kind.endswith("_call"):  # hosted calls replayed in history (local_shell_call, ...)
             self._assistant([ToolCallPart(_call_id(item), kind.removesuffix("_call"), "{}")])
         elif kind not in _IGNORED_ITEMS:
             raise ApiError(400, f"{param}: unsupported input item type {kind!r}", param=f"{param}.type")
+
+    def _tool_output(self, item: InputItem, param: str) -> Message:
+        """A tool message: the output's text, then the images of a content-array output."""
+        found: list[ImagePart] = []
+        if isinstance(item.output, list):
+            for k, part in enumerate(item.output):
+                if isinstance(part, dict) and part.get("type") == "input_image":
+                    found.append(_image(part.get("image_url"), f"{param}.output.{k}", self.images))
+        result = ToolResultPart(_call_id(item), _output_text(item.output))
+        return Message("tool", (result, *found))
 
     def finish(self) -> list[Message]:
         self._flush_reasoning()
@@ -154,7 +169,7 @@ class _ItemFolder:
         role = _ROLES.get(item.role or "user")
         if role is None:
             raise ApiError(400, f"{param}.role: unknown role {item.role!r}", param=f"{param}.role")
-        parts = _content(item.content, param)
+        parts = _content(item.content, param, self.images)
         if role == "assistant":
             self._assistant(parts)
         else:
@@ -198,7 +213,7 @@ def _tool_call(item: InputItem) -> ToolCallPart:
     return ToolCallPart(_call_id(item), name, arguments)
 
 
-def _content(content: str | list[InputContent] | None, param: str) -> list[Part]:
+def _content(content: str | list[InputContent] | None, param: str, images: ImageReader) -> list[Part]:
     if content is None:
         return []
     if isinstance(content, str):
@@ -207,8 +222,8 @@ def _content(content: str | list[InputContent] | None, param: str) -> list[Part]
     for k, part in enumerate(content):
         if part.type in _TEXT_PARTS:
             parts.append(TextPart(part.text or ""))
-        elif part.type == "input_image" and part.image_url:
-            parts.append(image_part(part.image_url, f"{param}.content.{k}"))
+        elif part.type == "input_image":
+            parts.append(_image(part.image_url, f"{param}.content.{k}", images))
         else:
             raise ApiError(
                 400,
@@ -216,6 +231,14 @@ def _content(content: str | list[InputContent] | None, param: str) -> list[Part]
                 param=f"{param}.content.{k}",
             )
     return parts
+
+
+def _image(url: Any, param: str, images: ImageReader) -> ImagePart:
+    if not isinstance(url, str):
+        raise ApiError(
+            400, f"{param}: an input_image needs an image_url (file_id is not supported)", param=param
+        )
+    return images.from_url(url, param)
 
 
 def _output_text(output: Any) -> str:

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from kvserve.api.body import read_model
 from kvserve.api.disconnect import cancel_on_disconnect
 from kvserve.api.errors import ApiError
-from kvserve.api.generation import chat_service, encode_stream, generate, prepare
+from kvserve.api.generation import chat_service, encode_stream, generate, prepare, to_chat
 from kvserve.api.openai_responses.adapter import conversation, to_chat_request, wants_reasoning_summary
 from kvserve.api.openai_responses.encoder import ResponsesEncoder
 from kvserve.api.openai_responses.schema import ResponsesRequest
@@ -41,7 +41,7 @@ def _store(request: Request) -> ResponseStore:
 )
 async def responses(request: Request) -> Response:
     wire = await read_model(request, ResponsesRequest)
-    chat = to_chat_request(wire, await _previous(request, wire.previous_response_id))
+    chat = await to_chat(request, to_chat_request, wire, await _previous(request, wire.previous_response_id))
     service = chat_service(request)
     prepared = await prepare(request, service.prepare_chat, chat, param="input", continuation=RESPONSES)
     model = wire.model or request.app.state.settings.served_model_name
