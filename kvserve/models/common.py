@@ -81,8 +81,12 @@ class DecoderStack(nn.Module):
         self.fused_stack: CpuDecodeStack | None = None
         self.use_fused_stack = True  # False: the per-layer path always (A/B scripts, tests)
 
-    def forward(self, input_ids: torch.Tensor, rope: RopeTables) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [num_tokens, hidden_size]
+    def forward(
+        self, input_ids: torch.Tensor, rope: RopeTables, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`inputs_embeds` [num_tokens, hidden_size], where given, replaces the embedding of
+        `input_ids` (image rows merged in by a vision model)."""
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         out = None if self.fused_stack is None else self.fused_stack.forward(x, rope)
         if out is None:  # no fused stack, or a step it does not cover
             for layer, step in zip(self.layers, self._layer_steps):
@@ -142,10 +146,12 @@ class CausalLMBase(nn.Module):
 
     # -- CausalLM protocol ----------------------------------------------------------------
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
         dtype = self.model.embed_tokens.weight.dtype
         rope: RopeTables = {lt: emb(positions, dtype) for lt, emb in self.rotary.items()}
-        return self.model(input_ids, rope)
+        return self.model(input_ids, rope, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         fused = self.compute_logits_and_greedy(hidden)

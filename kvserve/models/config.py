@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+from kvserve.models.vision.config import VisionArchConfig, idefics3_vision_from_hf
+
 LayerType = Literal["full_attention", "sliding_attention"]
 
 
@@ -16,7 +18,7 @@ class ModelArchConfig:
     translates GGUF metadata into the same HF-style dict first.
     """
 
-    architecture: str  # "llama" | "qwen2" | "qwen3" | "gemma3" (HF model_type)
+    architecture: str  # "llama" | "qwen2" | "qwen3" | "gemma3" | "idefics3" (HF model_type)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -37,6 +39,7 @@ class ModelArchConfig:
     rope_local_base_freq: float | None = None
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
+    vision: VisionArchConfig | None = None  # image-text models: the encoder and connector
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     @property
@@ -65,6 +68,13 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 2048},
     "qwen2": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
     "qwen3": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
+    # Idefics3's text_config is a Llama whose rms_norm_eps HF defaults to 1e-5.
+    "idefics3": {
+        "tie_word_embeddings": False,
+        "rope_theta": 10_000.0,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+    },
     "gemma3": {
         "tie_word_embeddings": True,
         "rope_theta": 1_000_000.0,
@@ -80,7 +90,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
     """An HF `config.json` dict (transformers 4.x `rope_theta`/`rope_scaling` or 5.x
-    `rope_parameters`; multimodal Gemma 3 via its `text_config`) -> ModelArchConfig.
+    `rope_parameters`; multimodal Gemma 3 and Idefics3 via their `text_config`) -> ModelArchConfig.
 
     Unknown model types pass through unchanged; the registry rejects what it cannot run.
     """
@@ -90,6 +100,11 @@ def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
             "model_type": "gemma3",
             "tie_word_embeddings": hf.get("tie_word_embeddings", True),
         }
+    vision = None
+    if hf.get("model_type") == "idefics3":  # the decoder is text_config's; the top level adds vision
+        vision = idefics3_vision_from_hf(hf)
+        text = {k: v for k, v in (hf.get("text_config") or {}).items() if k != "tie_word_embeddings"}
+        hf = {**text, "model_type": "idefics3", "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
     model_type = str(hf.get("model_type", ""))
     family = _MODEL_TYPE_ALIASES.get(model_type, model_type)
     defaults = _FAMILY_DEFAULTS.get(family, _FAMILY_DEFAULTS["llama"])
@@ -119,6 +134,7 @@ def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
         rope_local_base_freq=local_theta if family == "gemma3" else None,
         query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if family == "gemma3" else None,
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
+        vision=vision,
         extra=(("hf_model_type", model_type),),
     )
 

@@ -30,6 +30,8 @@ class CausalLM(Protocol):
 
     # Optional: `compute_logits_and_greedy(hidden) -> (logits, argmax) | None`, one fused kernel for
     # both where the model has one (models/common.py); engine/sampler.py: logits_and_greedy.
+    # CausalLMBase's forward also takes `inputs_embeds` [num_tokens, hidden_size] in place of the ids'
+    # embeddings, which vision families build with their `embed_inputs` (models/idefics3.py).
 
     def kv_cache_spec(self) -> tuple[int, int, int]:
         """(num_layers, num_kv_heads, head_dim): one cache per layer, same shape for all."""

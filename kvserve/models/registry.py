@@ -19,6 +19,7 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "qwen2": ("kvserve.models.qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("kvserve.models.qwen3", "Qwen3ForCausalLM"),
     "gemma3": ("kvserve.models.gemma3", "Gemma3ForCausalLM"),
+    "idefics3": ("kvserve.models.idefics3", "Idefics3ForConditionalGeneration"),
 }
 
 

@@ -128,8 +128,11 @@ class PagedDriver:
         random.Random(seed).shuffle(self.free_blocks)
         self.seqs: dict[int, _Seq] = {}
 
-    def step(self, chunks: list[tuple[int, list[int]]]) -> torch.Tensor:
-        """chunks: (seq_id, new token ids), decodes (one token, non-empty cache) first.
+    def step(
+        self, chunks: list[tuple[int, list[int]]], inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """chunks: (seq_id, new token ids), decodes (one token, non-empty cache) first; inputs_embeds
+        [num_tokens, hidden], where given, replaces the ids' embeddings (image rows merged in).
         Returns float32 logits [num_tokens, vocab] for every new token, in batch order."""
         input_ids, positions, slots, starts = [], [], [], [0]
         seq_lens, context_lens, tables = [], [], []
@@ -165,7 +168,7 @@ class PagedDriver:
         )
         with torch.no_grad(), forward_context(metadata):
             ids, pos = torch.tensor(input_ids, device=device), torch.tensor(positions, device=device)
-            hidden = self.model(ids, pos)
+            hidden = self.model(ids, pos) if inputs_embeds is None else self.model(ids, pos, inputs_embeds)
             return self.model.compute_logits(hidden).cpu()
 
     def generate(self, seq_id: int, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""Gated activations over a fused `[gate | up]` projection output."""
+"""Activations by HF name, and the gated form over a fused `[gate | up]` projection output."""
 
 from __future__ import annotations
 
@@ -16,11 +16,16 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`[..., 2 * d]` (gate then up) -> `[..., d]`: act(gate) * up."""
+def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The elementwise activation an HF `hidden_act` names."""
     if name not in _ACTIVATIONS:
         raise ValueError(f"unsupported hidden activation {name!r} (known: {sorted(_ACTIVATIONS)})")
-    act = _ACTIVATIONS[name]
+    return _ACTIVATIONS[name]
+
+
+def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`[..., 2 * d]` (gate then up) -> `[..., d]`: act(gate) * up."""
+    act = get_activation(name)
 
     def gated(x: torch.Tensor) -> torch.Tensor:
         if act is F.silu and x.is_cuda and x.dim() == 2:

@@ -1,0 +1,1 @@
+"""Vision towers and what joins their output to a decoder's input embeddings."""

@@ -1,0 +1,183 @@
+"""Idefics3 / SmolVLM parity with transformers on a tiny random-weight model, in fp32: the vision
+tower and connector alone, and the decoder's logits over prompts with images, through the paged
+cache."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+from torch import nn
+
+from kvserve.models.loader.safetensors import load_hf_model
+from kvserve.models.vision.merge import ImageTokenMismatchError
+from tests.models.helpers import PagedDriver
+
+IMAGE_TOKEN_ID = 383
+TILE = 32  # pixels per side: a 4 x 4 grid of 8-pixel patches, pixel-shuffled into 2 x 2 tokens
+TOKENS_PER_TILE = 4
+LOGITS_ATOL = 1e-4
+HIDDEN_ATOL = 1e-5
+
+
+class Pair(NamedTuple):
+    hf: nn.Module
+    ours: nn.Module
+
+
+def tiny_idefics3_config():  # -> transformers.Idefics3Config
+    import transformers
+
+    text = transformers.LlamaConfig(
+        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rope_theta=100_000.0, rms_norm_eps=1e-5,
+    )  # fmt: skip
+    vision = {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "image_size": TILE, "patch_size": 8, "layer_norm_eps": 1e-6,
+    }  # fmt: skip
+    return transformers.Idefics3Config(
+        text_config=text.to_dict(), vision_config=vision, scale_factor=2, image_token_id=IMAGE_TOKEN_ID
+    )
+
+
+class Saved(NamedTuple):
+    hf: nn.Module
+    path: Path
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
+    import transformers
+
+    torch.manual_seed(0)
+    config = tiny_idefics3_config()
+    config.initializer_range = config.text_config.initializer_range = 0.1
+    hf = transformers.Idefics3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # random norms and position table, so their conventions matter
+        for name, param in hf.named_parameters():
+            if "norm" in name or "position_embedding" in name:
+                param.copy_(torch.randn_like(param) * 0.3 + (1.0 if name.endswith("norm.weight") else 0.0))
+    path: Path = tmp_path_factory.mktemp("idefics3")
+    hf.save_pretrained(path, safe_serialization=True)
+    return Saved(hf, path)
+
+
+@pytest.fixture(scope="module")
+def pair(saved: Saved) -> Pair:
+    return Pair(saved.hf, load_hf_model(saved.path, torch.float32).model)
+
+
+def _pixels(num_tiles: int, seed: int, height: int = TILE, width: int = TILE) -> torch.Tensor:
+    return torch.randn(num_tiles, 3, height, width, generator=torch.Generator().manual_seed(seed))
+
+
+def _text(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _prompt(layout: str, seed: int) -> list[int]:
+    """`layout`: T for 5 text tokens, I for one tile's image tokens wrapped in text markers."""
+    tokens: list[int] = []
+    for i, part in enumerate(layout):
+        tokens += _text(5, seed + i) if part == "T" else [301, *[IMAGE_TOKEN_ID] * TOKENS_PER_TILE, 302]
+    return tokens
+
+
+def _hf_logits(hf: nn.Module, tokens: list[int], pixels: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(input_ids=torch.tensor([tokens]), pixel_values=pixels[None]).logits[0].float()
+
+
+def _our_embeds(ours: nn.Module, tokens: list[int], pixels: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        rows = ours.encode_images(pixels).reshape(-1, ours.arch.hidden_size)  # [num_image_tokens, hidden]
+        return ours.embed_inputs(torch.tensor(tokens), rows)
+
+
+@pytest.mark.parametrize(("width", "height"), [(TILE, TILE), (16, 24), (8, 8)])
+def test_vision_encoder_matches_hf(pair: Pair, width: int, height: int) -> None:
+    """Tiles smaller than `image_size` and not square look up the position table by bucket."""
+    pixels = _pixels(2, seed=1, height=height, width=width)
+    with torch.no_grad():
+        expected = pair.hf.model.vision_model(pixel_values=pixels).last_hidden_state
+        got = pair.ours.vision_model(pixels)
+    torch.testing.assert_close(got, expected, atol=HIDDEN_ATOL, rtol=0)
+
+
+def test_encoder_and_connector_match_hf(pair: Pair) -> None:
+    pixels = _pixels(3, seed=2)
+    with torch.no_grad():
+        features = pair.hf.model.get_image_features(pixels[None], return_dict=True).pooler_output
+        got = pair.ours.encode_images(pixels)
+    assert got.shape == (3, TOKENS_PER_TILE, 64)
+    torch.testing.assert_close(got.reshape(-1, 64), torch.cat(features), atol=HIDDEN_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["IT", "TIT", "TITIT"], ids=["start", "middle", "two_images"])
+def test_prefill_logits_match_hf(pair: Pair, layout: str) -> None:
+    tokens = _prompt(layout, seed=3)
+    pixels = _pixels(layout.count("I"), seed=4)
+    embeds = _our_embeds(pair.ours, tokens, pixels)
+    logits = PagedDriver(pair.ours).step([(0, tokens)], inputs_embeds=embeds)
+    torch.testing.assert_close(logits, _hf_logits(pair.hf, tokens, pixels), atol=LOGITS_ATOL, rtol=0)
+
+
+def test_chunks_that_cut_an_image_then_decode_match_hf(pair: Pair) -> None:
+    """Prefill in chunks whose boundaries fall inside image spans, then text decode steps by id."""
+    tokens = _prompt("TITIT", seed=5)
+    pixels = _pixels(2, seed=6)
+    embeds = _our_embeds(pair.ours, tokens, pixels)
+    driver = PagedDriver(pair.ours, seed=3)
+    cuts = [0, 8, 15, len(tokens) - 3]  # 8 and 15: inside the first and second image
+    logits = [driver.step([(0, tokens[a:b])], inputs_embeds=embeds[a:b]) for a, b in itertools.pairwise(cuts)]
+    logits += [driver.step([(0, [t])]) for t in tokens[-3:]]
+    torch.testing.assert_close(
+        torch.cat(logits), _hf_logits(pair.hf, tokens, pixels), atol=LOGITS_ATOL, rtol=0
+    )
+
+
+def test_text_only_prompt_runs_as_llama(pair: Pair) -> None:
+    tokens = _text(12, seed=7)
+    with torch.no_grad():
+        expected = pair.hf(input_ids=torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(PagedDriver(pair.ours).step([(0, tokens)]), expected, atol=LOGITS_ATOL, rtol=0)
+
+
+def test_image_rows_must_match_placeholders(pair: Pair) -> None:
+    tokens = _prompt("TI", seed=8)
+    rows = torch.zeros(TOKENS_PER_TILE - 1, 64)
+    with pytest.raises(ImageTokenMismatchError, match="4 image tokens in the prompt but 3 image rows"):
+        pair.ours.embed_inputs(torch.tensor(tokens), rows)
+
+
+def _save_word_tokenizer(path: Path) -> None:
+    """A word-level tokenizer over the tiny vocabulary, so that `load_model` finds one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(IMAGE_TOKEN_ID)} | {"<image>": IMAGE_TOKEN_ID}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="w1").save_pretrained(str(path))
+
+
+def test_load_model_builds_the_vision_model_from_the_folder(saved: Saved) -> None:
+    from kvserve.models.idefics3 import Idefics3ForConditionalGeneration
+    from kvserve.models.loader import load_model
+
+    _save_word_tokenizer(saved.path)
+    loaded = load_model(saved.path, torch.float32, progress=False)
+    assert isinstance(loaded.model, Idefics3ForConditionalGeneration)
+    arch, vision = loaded.arch, loaded.arch.vision
+    assert (arch.architecture, arch.hidden_size, arch.rms_norm_eps, arch.tie_word_embeddings) == (
+        "idefics3", 64, 1e-5, False,
+    )  # fmt: skip
+    assert vision is not None and (vision.image_token_id, vision.tokens_per_tile) == (IMAGE_TOKEN_ID, 4)
+    assert loaded.tokenizer.tokenizer.convert_tokens_to_ids("<image>") == IMAGE_TOKEN_ID
+    tokens, pixels = _prompt("TIT", seed=9), _pixels(1, seed=10)
+    logits = PagedDriver(loaded.model).step([(0, tokens)], _our_embeds(loaded.model, tokens, pixels))
+    torch.testing.assert_close(logits, _hf_logits(saved.hf, tokens, pixels), atol=LOGITS_ATOL, rtol=0)
