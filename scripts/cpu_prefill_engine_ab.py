@@ -4,7 +4,11 @@ change the arithmetic's cost): `--dtype float32 --weight-quant int4 --bf16-prefi
 `--dtype auto` picks for a Q4 GGUF on a CPU with AVX512-BF16 or AMX.
 
 - `before`: prompt attention in fp32 with KV heads repeated per query head (the code before);
-- `after`: grouped heads folded into the queries, in bf16 (the code now).
+- `sdpa`: grouped heads folded into the queries, torch's SDPA under an explicit mask (bf16 with
+  `--bf16-prefill`), the code from issue 32 until csrc/prefill_attention.cpp;
+- `after`: the code now (the C++ prompt attention where attention/cpu_prefill.py takes it).
+
+`--dtype float32` measures what an AVX2-only CPU runs (fp32 prompt rows, no --bf16-prefill).
 
 Both engines are built in this process and prefill the same random prompt in turn, `--repeats` times.
 
@@ -60,6 +64,9 @@ def main() -> None:
         "e.g. AutoTokenizer.from_pretrained(dir, gguf_file=SmolLM2's GGUF).save_pretrained(folder))",
     )
     parser.add_argument("--configs", default="before,after")
+    parser.add_argument(
+        "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="prompt rows' dtype"
+    )
     parser.add_argument("--profile", action="store_true", help="the last round under torch.profiler: top ops")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -69,7 +76,9 @@ def main() -> None:
     for item in args.tokenizer.iterdir():
         if item.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(item, folder / item.name)
-    engines = {name: _engine(folder, args.tokens) for name in args.configs.split(",")}
+    engines = {
+        name: _engine(folder, args.tokens, args.dtype == "bfloat16") for name in args.configs.split(",")
+    }
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     for repeat in range(args.repeats):
         # A fresh prompt per repeat (the same for both engines): a repeat must not hit the prefix cache.
@@ -92,12 +101,13 @@ def main() -> None:
                 f"{name}: {seconds[name][-1]:.2f} s ({args.tokens / seconds[name][-1]:.1f} tok/s)", flush=True
             )
     best = {name: min(values) for name, values in seconds.items()}
-    if len(best) < 2:
-        return
-    print(
-        f"{args.tokens} tokens, {args.threads} threads: before {best['before']:.2f} s, after {best['after']:.2f} s, "
-        f"{best['before'] / best['after']:.2f}x"
-    )
+    if "after" in best:
+        print(
+            f"{args.tokens} tokens, {args.threads} threads, best of {args.repeats}: "
+            + ", ".join(
+                f"{name} {value:.2f} s ({value / best['after']:.2f}x after)" for name, value in best.items()
+            )
+        )
     if args.json is not None:
         args.json.write_text(
             json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "seconds": seconds}, indent=1)
@@ -113,13 +123,13 @@ def _random_model(folder: Path, layers: int) -> None:
     model.save_pretrained(folder, safe_serialization=True)
 
 
-def _engine(folder: Path, tokens: int) -> EngineCore:
+def _engine(folder: Path, tokens: int, bf16_prefill: bool) -> EngineCore:
     config = EngineConfig(
         model=str(folder),
         dtype="float32",
         device="cpu",
         weight_quant="int4",
-        bf16_prefill=True,
+        bf16_prefill=bf16_prefill,
         max_model_len=tokens + 64,
         scheduler=SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=512),
     )
@@ -128,18 +138,21 @@ def _engine(folder: Path, tokens: int) -> EngineCore:
 
 
 class _attention:
-    """`before`: the module's prompt attention swapped for the code before issue 32 while it runs."""
+    """`before`: the module's prompt attention swapped for the code before issue 32 while it runs;
+    `before` and `sdpa`: the C++ prompt attention off."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
     def __enter__(self) -> None:
-        self.saved = torch_ref._attend_prefill
+        self.saved = torch_ref._attend_prefill, torch_ref.TorchRefBackend._prefill_kernel
         if self.name == "before":
             torch_ref._attend_prefill = _attend_prefill_before
+        if self.name in ("before", "sdpa"):
+            torch_ref.TorchRefBackend._prefill_kernel = lambda self, dtype, cache: None
 
     def __exit__(self, *exc: object) -> None:
-        torch_ref._attend_prefill = self.saved
+        torch_ref._attend_prefill, torch_ref.TorchRefBackend._prefill_kernel = self.saved
 
 
 def _attend_prefill_before(q, k, v, cache, plan, scale, dtype, mask):

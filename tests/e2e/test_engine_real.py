@@ -167,7 +167,9 @@ def test_the_cli_default_decodes_a_q4_gguf_on_its_own_grid() -> None:
     fast_bf16 = cpu_has_fast_bf16()
     # And fp16 KV (the CPU default under fp32) never with exact fp32 KV.
     assert engine.cache_key.endswith(
-        ":int4:bf16-prefill-attn-mlp:kv-float16" if fast_bf16 else ":int4:kv-float16"
+        ":int4:bf16-prefill-attn-mlp:kv-float16:blocked-attn"
+        if fast_bf16
+        else ":int4:kv-float16:blocked-attn"
     )
     assert (engine.config.dtype, engine.config.bf16_prefill) == ("float32", fast_bf16)
     model = engine.loaded.model

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kvserve.models.layers.attention.backend import AttentionBackend
+from kvserve.models.layers.attention.cpu_prefill import CpuPrefillKernel
 from kvserve.models.layers.attention.metadata import AttentionMetadata
 from kvserve.models.layers.attention.torch_ref import TorchRefBackend
 
@@ -136,9 +137,11 @@ def test_prompt_rows_do_not_depend_on_chunking(
 ) -> None:
     """One 40-token prompt in one forward, in 17 + 23, and in 39 + 1 (a one-token tail, which a
     prompt forward attends as a prefill under prefill_dtype): every row reads the same keys as
-    stored. torch's CPU flash kernel is not bit-exact across key counts (a few rows differ in their
-    last bit: 1.8e-7 in fp32, one bf16 ulp), as before grouped heads were folded; the engine tests
-    check that the tokens do not change (tests/e2e/test_engine_real.py)."""
+    stored. The C++ prompt attention (fp32; bf16 on AMX) gives the same bits (but for the fp32
+    one-token tail, which an fp32 forward attends as a decode row); torch's CPU flash
+    kernel, where it runs instead, is not bit-exact across key counts (a few rows differ in their
+    last bit: 1.8e-7 in fp32, one bf16 ulp); the engine tests check that the tokens do not change
+    (tests/e2e/test_engine_real.py)."""
     gen = torch.Generator().manual_seed(3)
     n = 40
     q = torch.randn(n, NUM_HEADS, HEAD_DIM, generator=gen)
@@ -146,15 +149,21 @@ def test_prompt_rows_do_not_depend_on_chunking(
     v = torch.randn(n, NUM_KV_HEADS, HEAD_DIM, generator=gen)
     whole = _prompt_chunks(q, k, v, [n], cache_dtype, prefill_dtype)
     ulp = 2**-7 if prefill_dtype == torch.bfloat16 else 2**-22
+    kernel = CpuPrefillKernel.for_dtype(prefill_dtype or torch.float32) is not None
     for cuts in ([17, 23], [39, 1]):
-        torch.testing.assert_close(
-            _prompt_chunks(q, k, v, cuts, cache_dtype, prefill_dtype), whole, atol=ulp * 4, rtol=ulp
-        )
+        chunked = _prompt_chunks(q, k, v, cuts, cache_dtype, prefill_dtype)
+        if kernel and (prefill_dtype is not None or cuts[-1] > 1):
+            assert torch.equal(chunked, whole)
+        else:
+            torch.testing.assert_close(chunked, whole, atol=ulp * 4, rtol=ulp)
 
 
-def test_grouped_heads_are_folded_into_queries_with_the_bits_of_repeated_kv() -> None:
+def test_grouped_heads_are_folded_into_queries_with_the_bits_of_repeated_kv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Folding a KV head's query heads into its query rows (no repeat_interleave of K and V) gives
-    exactly what SDPA over repeated K/V gives, so KV computed before the change stays valid."""
+    exactly what SDPA over repeated K/V gives, on the SDPA path (CPUs without the C++ kernels)."""
+    monkeypatch.setattr(TorchRefBackend, "_prefill_kernel", lambda self, dtype, cache: None)
     gen = torch.Generator().manual_seed(5)
     n = 40
     q = torch.randn(n, NUM_HEADS, HEAD_DIM, generator=gen)

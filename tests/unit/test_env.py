@@ -13,6 +13,7 @@ from kvserve.env import EnvSwitchError, EnvSwitches, read_switches, switches
 DEFAULTS = EnvSwitches(
     is_fused_ops_enabled=True,
     is_cpu_kernels_enabled=True,
+    is_cpu_prefill_attention_enabled=True,
     is_pdl_enabled=True,
     is_gemv_head_enabled=True,
     gemv_full_k_max_mb=16.0,
@@ -21,6 +22,7 @@ DEFAULTS = EnvSwitches(
 FLAGS = {
     "KVSERVE_FUSED_OPS": "is_fused_ops_enabled",
     "KVSERVE_CPU_KERNELS": "is_cpu_kernels_enabled",
+    "KVSERVE_CPU_PREFILL_ATTENTION": "is_cpu_prefill_attention_enabled",
     "KVSERVE_PDL": "is_pdl_enabled",
     "KVSERVE_GEMV_HEAD": "is_gemv_head_enabled",
 }

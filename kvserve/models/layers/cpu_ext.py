@@ -1,4 +1,5 @@
-"""The AVX2 C++ kernels for CPU decode (csrc/): low-bit linears and one-token paged attention.
+"""The C++ CPU kernels (csrc/): low-bit linears, one-token paged attention, and prompt attention
+(AVX2; AVX-512 and AMX through target attributes and oneDNN's micro-kernels where the CPU has them).
 
 Built with torch's cpp_extension at first use (one to a few minutes, once per machine and source
 version, in a folder named by the sources' hash under ~/.cache/torch_extensions; `make setup` does it
@@ -31,6 +32,7 @@ _SOURCES = (
     "lowbit_gemm.cpp",
     "decode_attention.cpp",
     "decode_stack.cpp",
+    "prefill_attention.cpp",
 )
 ENABLED = switches().is_cpu_kernels_enabled  # an A/B script flips it, then clears load()'s cache
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from kvserve.models.layers.attention.backend import LayerAttention
 from kvserve.models.layers.attention.cpu_decode import CpuDecodeKernel
+from kvserve.models.layers.attention.cpu_prefill import CpuPrefillKernel
 from kvserve.models.layers.attention.decode_workspace import DecodeWorkspace, RowPlan
 from kvserve.models.layers.attention.kv_dtype import as_stored, to_kv_dtype
 from kvserve.models.layers.attention.metadata import AttentionMetadata
@@ -49,6 +50,10 @@ class _PrefillPlan:
     block_ids: torch.Tensor | None  # [num_blocks]; None: no context yet, attend over this step's k/v
     num_keys: int
     mask: torch.Tensor | None  # [num_queries, num_keys] bool; None: plain causal (is_causal=True)
+    # For CpuPrefillKernel: the sequence's blocks from position 0, its cached length and the window.
+    block_table: torch.Tensor | None = None
+    context_len: int = 0
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,8 @@ class TorchRefBackend:
 
     def __init__(self, prefill_dtype: torch.dtype | None = None) -> None:
         self.prefill_dtype = prefill_dtype
+        # The C++ prompt attention per compute dtype (None: SDPA), looked up at first use.
+        self._prefill_kernels: dict[torch.dtype, CpuPrefillKernel | None] = {}
         # Memo of the last batch's plans, one per window size; layers of one forward share them.
         # NOTE: keyed on the metadata object's identity, so metadata must not be mutated in place.
         self._plan_metadata: AttentionMetadata | None = None
@@ -137,6 +144,10 @@ class TorchRefBackend:
         scale: float,
     ) -> torch.Tensor:
         dtype = self.prefill_dtype or q.dtype
+        kernel = self._prefill_kernel(dtype, cache)
+        if kernel is not None and plan.block_table is not None:
+            rows = q[plan.query_start : plan.query_end]
+            return kernel(rows, cache, plan.block_table, plan.context_len, scale, plan.window)
         group = q.shape[1] // k.shape[1]
         mask = None
         if plan.mask is not None or group > 1:  # (a plan that reads cached blocks always has a mask)
@@ -145,6 +156,14 @@ class TorchRefBackend:
             if mask is None:
                 mask = self._folded_masks[key] = _folded_mask(plan, group, dtype, q.device)
         return _attend_prefill(q, k, v, cache, plan, scale, dtype, mask)
+
+    def _prefill_kernel(self, dtype: torch.dtype, cache: torch.Tensor) -> CpuPrefillKernel | None:
+        if dtype not in self._prefill_kernels:
+            self._prefill_kernels[dtype] = (
+                CpuPrefillKernel.for_dtype(dtype) if cache.device.type == "cpu" else None
+            )
+        kernel = self._prefill_kernels[dtype]
+        return kernel if kernel is not None and kernel.supports(cache) else None
 
     def _plan(
         self, metadata: AttentionMetadata, window: int | None, cache: torch.Tensor, dtype: torch.dtype
@@ -228,9 +247,10 @@ def _plan_workspace(rows: RowPlan, window: int | None, dtype: torch.dtype) -> _W
 def _plan_prefill(metadata: AttentionMetadata, seq_idx: int, window: int | None) -> _PrefillPlan:
     query_start, query_end = metadata.query_start_loc_cpu[seq_idx : seq_idx + 2]
     context_len, seq_len = metadata.context_lens_cpu[seq_idx], metadata.seq_lens_cpu[seq_idx]
-    if context_len == 0 and (window is None or window >= seq_len):
-        return _PrefillPlan(query_start, query_end, None, seq_len, None)
     block_size = metadata.block_size
+    table = metadata.block_tables[seq_idx, : -(-seq_len // block_size)]
+    if context_len == 0 and (window is None or window >= seq_len):
+        return _PrefillPlan(query_start, query_end, None, seq_len, None, table, context_len, window)
     first_block = _first_visible_block(context_len, block_size, window)
     key_start = first_block * block_size
     block_ids = None
@@ -242,7 +262,9 @@ def _plan_prefill(metadata: AttentionMetadata, seq_idx: int, window: int | None)
     visible = key_pos <= query_pos
     if window is not None:
         visible &= key_pos > query_pos - window
-    return _PrefillPlan(query_start, query_end, block_ids, seq_len - key_start, visible)
+    return _PrefillPlan(
+        query_start, query_end, block_ids, seq_len - key_start, visible, table, context_len, window
+    )
 
 
 def _attend_decode(q: torch.Tensor, cache: torch.Tensor, plan: _DecodePlan, scale: float) -> torch.Tensor:

@@ -20,4 +20,8 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& co
                                const c10::optional<torch::Tensor>& q_norm,
                                const c10::optional<torch::Tensor>& k_norm, double norm_eps);
 
+torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& cache,
+                                const torch::Tensor& block_table, int64_t context_len, double scale,
+                                int64_t window, bool vnni, int64_t query_tile, int64_t key_block);
+
 void bind_decode_stack(pybind11::module& m);  // the DecodeStack class (decode_stack.cpp)
