@@ -109,6 +109,8 @@ class ChatRenderer:
         # and results written into the messages Hermes-style instead (chat/hermes_tools.py).
         self.renders_tools = renders_tools(self.template_source)
         self.result_closers = tuple(c for c in RESULT_CLOSERS if c in self.template_source)
+        # Vision models' templates (SmolVLM's) read every message's content as a list of parts.
+        self.content_as_parts = _wants_content_parts(self._template)
 
     def render(self, request: ChatRequest, add_generation_prompt: bool = True) -> str:
         messages = system_before_user(request.messages)
@@ -116,7 +118,7 @@ class ChatRenderer:
             messages = hermes_messages(messages, request.active_tools)
         context: dict[str, Any] = {
             **self.special_tokens,
-            "messages": to_template_messages(messages, self.result_closers),
+            "messages": to_template_messages(messages, self.result_closers, self.content_as_parts),
             "add_generation_prompt": add_generation_prompt,
         }
         if request.active_tools and self.renders_tools:
@@ -142,6 +144,22 @@ class ChatRenderer:
             raise ChatTemplateError(f"chat template cannot render this conversation: {error}") from error
 
 
+_PROBE = "kvserve-probe-7f3a"
+
+
+def _wants_content_parts(template: jinja2.Template) -> bool:
+    """Whether the template drops text given as a plain string but renders it as a text part: a
+    vision template that iterates `message['content']` as parts (SmolVLM's). Probed once."""
+
+    def renders(content: Any) -> bool:
+        try:
+            return _PROBE in template.render(messages=[{"role": "user", "content": content}])
+        except Exception:  # noqa: BLE001 (any template failure means: not this form)
+            return False
+
+    return not renders(_PROBE) and renders([{"type": "text", "text": _PROBE}])
+
+
 def escape_result(text: str, closers: tuple[str, ...]) -> str:
     """Tool-result text with only the wrapper's own closing marker escaped (`</x>` -> `&lt;/x>`)."""
     for closer in closers:
@@ -150,11 +168,18 @@ def escape_result(text: str, closers: tuple[str, ...]) -> str:
 
 
 def to_template_messages(
-    messages: tuple[Message, ...], result_closers: tuple[str, ...] = ()
+    messages: tuple[Message, ...], result_closers: tuple[str, ...] = (), content_as_parts: bool = False
 ) -> list[dict[str, Any]]:
-    """Canonical messages -> the dict shapes HF templates expect."""
+    """Canonical messages -> the dict shapes HF templates expect; `content_as_parts` gives every
+    content as a list of parts (`[{"type": "text", ...}, {"type": "image"}]`), as processors of
+    vision models pass it."""
     names_by_call_id = {c.id: c.name for m in messages for c in m.tool_calls}
-    return [_to_template_message(m, names_by_call_id, result_closers) for m in messages]
+    out = [_to_template_message(m, names_by_call_id, result_closers) for m in messages]
+    if content_as_parts:
+        for message in out:
+            if isinstance(message["content"], str):
+                message["content"] = [{"type": "text", "text": message["content"]}]
+    return out
 
 
 def _to_template_message(

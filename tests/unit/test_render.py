@@ -6,6 +6,7 @@ import pytest
 
 from kvserve.chat.conversation import (
     ChatRequest,
+    ImagePart,
     Message,
     ReasoningControl,
     ReasoningPart,
@@ -14,7 +15,11 @@ from kvserve.chat.conversation import (
     ToolResultPart,
     ToolSpec,
 )
+from kvserve.chat.image import decode_data_uri
+from kvserve.chat.image_limits import ImageLimits
 from kvserve.chat.render import CHATML_TEMPLATE, ChatRenderer, ChatTemplateError
+from tests.image_samples import b64, png
+from tests.models.tiny_vlm import SMOLVLM_TEMPLATE
 
 SMOLLM2 = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -121,3 +126,22 @@ def test_sandbox_blocks_attribute_escapes() -> None:
 def test_strftime_now_and_generation_tag() -> None:
     renderer = ChatRenderer("{% generation %}{{ strftime_now('%Y') }}{% endgeneration %}")
     assert renderer.render(ChatRequest(messages=())).isdigit()
+
+
+def test_a_vision_template_gets_every_content_as_parts() -> None:
+    """SmolVLM's template iterates each message's content as parts: a plain string renders as
+    nothing (HF's processor drops such text), so text-only messages go in as one text part."""
+
+    image = decode_data_uri("data:image/png;base64," + b64(png()), ImageLimits())
+    renderer = ChatRenderer(SMOLVLM_TEMPLATE)
+    assert renderer.content_as_parts and not ChatRenderer(SMOLLM2).content_as_parts
+    messages = (
+        Message("system", (TextPart("Be brief."),)),
+        Message("user", (ImagePart(image), TextPart("What is this?"))),
+        Message("assistant", (TextPart("A square."),)),
+        _user("Sure?"),
+    )
+    assert renderer.render(ChatRequest(messages=messages)) == (
+        "<|im_start|>System: Be brief.<end_of_utterance>\nUser:<image>What is this?<end_of_utterance>\n"
+        "Assistant: A square.<end_of_utterance>\nUser: Sure?<end_of_utterance>\nAssistant:"
+    )

