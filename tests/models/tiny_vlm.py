@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 # SmolVLM-256M-Instruct's chat template (every message's content is a list of parts).
 SMOLVLM_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
@@ -27,6 +25,7 @@ LONGEST_EDGE = 2 * TILE  # an image is resized to at most 2 x 2 tiles (+ the glo
 
 def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
     """Writes the folder at `path` and returns it."""
+    import torch
     import transformers
 
     from kvserve.models.aliases import _smollm2_path
