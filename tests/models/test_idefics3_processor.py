@@ -1,6 +1,6 @@
-"""Idefics3 / SmolVLM image preprocessing against transformers: the tiles against
-`Idefics3ImageProcessorPil` (exactly equal, atol = rtol = 0). Both sides read the settings from
-the same model folder."""
+"""Idefics3 / SmolVLM image preprocessing and prompt expansion against transformers: the tiles
+against `Idefics3ImageProcessorPil` (exactly equal, atol = rtol = 0), the prompt text and ids
+against `Idefics3Processor`. Both sides read the settings from the same model folder."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ from PIL import Image as PILImage
 from kvserve.chat.image import decode_image
 from kvserve.chat.image_limits import DEFAULT_LIMITS
 from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig, ProcessedImage, process_image
+from kvserve.models.vision.idefics3_prompt import (
+    IMAGE_TOKEN,
+    ImagePlaceholderError,
+    expand_image_placeholders,
+    image_prompt,
+    num_image_tokens,
+)
 
 # SmolVLM-256M-Instruct's preprocessor_config.json (its processor_config.json: image_seq_len 64).
 SMOLVLM = {
@@ -117,7 +124,7 @@ def _tokenizer() -> Any:
     tokenizer.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
     markers = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
-    fast.add_tokens(["<fake_token_around_image>", "<image>", "<global-img>", *markers], special_tokens=True)
+    fast.add_tokens(["<fake_token_around_image>", IMAGE_TOKEN, "<global-img>", *markers], special_tokens=True)
     return fast
 
 
@@ -127,6 +134,62 @@ def _processor(image_processor: Any, image_seq_len: int) -> Any:
     return Idefics3Processor(
         image_processor=image_processor, tokenizer=_tokenizer(), image_seq_len=image_seq_len
     )
+
+
+# The SmolVLM case is one image: each costs ~0.5 s there (every image is upscaled to 2048 pixels).
+PROMPT_CASES = {
+    "smolvlm-one": ("smolvlm", [(90, 40)]),
+    "tiny-one": ("tiny", [(90, 40)]),
+    "tiny-three": ("tiny", [(64, 64), (200, 30), (1, 1)]),
+    "tiny_unsplit-two": ("tiny_unsplit", [(40, 90), (16, 16)]),
+}
+
+
+@pytest.mark.parametrize(
+    ("setting", "sizes"), list(PROMPT_CASES.values()), ids=list(PROMPT_CASES), indirect=["setting"]
+)
+def test_prompt_equals_transformers(setting: tuple[Any, Any], sizes: list[tuple[int, int]]) -> None:
+    config, hf_image_processor = setting
+    hf = _processor(hf_image_processor, config.image_seq_len)
+    images = [_image(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
+    text = "<|im_start|>User:" + "".join(f"{IMAGE_TOKEN}picture {i}\n" for i in range(len(images)))
+    text += "What differs?<end_of_utterance>\nAssistant:"
+    processed = [process_image(image, config) for image in images]
+
+    ours = expand_image_placeholders(text, [(p.rows, p.cols) for p in processed], config.image_seq_len)
+
+    ids = hf(text=[text], images=[images])["input_ids"][0]
+    assert ours == hf.tokenizer.decode(ids)
+    assert hf.tokenizer(ours)["input_ids"] == ids
+    image_token_id = hf.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    counts = [num_image_tokens(p.rows, p.cols, config.image_seq_len) for p in processed]
+    assert (
+        ids.count(image_token_id) == sum(counts) == config.image_seq_len * sum(p.num_tiles for p in processed)
+    )
+
+
+def test_image_prompt_layout() -> None:
+    assert (
+        image_prompt(0, 0, 2)
+        == "<fake_token_around_image><global-img><image><image><fake_token_around_image>"
+    )
+    tile = "<fake_token_around_image><row_{}_col_{}><image>"
+    assert image_prompt(2, 2, 1) == (
+        tile.format(1, 1) + tile.format(1, 2) + "\n" + tile.format(2, 1) + tile.format(2, 2) + "\n"
+        "\n<fake_token_around_image><global-img><image><fake_token_around_image>"
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("num_images", [0, 2])
+def test_placeholders_must_match_the_images(num_images: int) -> None:
+    with pytest.raises(
+        ImagePlaceholderError, match=f"1 <image> placeholders in the prompt but {num_images} images"
+    ):
+        expand_image_placeholders("look: <image>", [(1, 2)] * num_images, 4)
+
+
+def test_text_without_images_is_unchanged() -> None:
+    assert expand_image_placeholders("no images here", [], 64) == "no images here"
 
 
 def _other_modes() -> dict[str, PILImage.Image]:
