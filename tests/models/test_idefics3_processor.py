@@ -16,7 +16,12 @@ from PIL import Image as PILImage
 
 from kvserve.chat.image import decode_image
 from kvserve.chat.image_limits import DEFAULT_LIMITS
-from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig, ProcessedImage, process_image
+from kvserve.models.vision.idefics3_processor import (
+    Idefics3ProcessorConfig,
+    ProcessedImage,
+    image_grid,
+    process_image,
+)
 from kvserve.models.vision.idefics3_prompt import (
     IMAGE_TOKEN,
     ImagePlaceholderError,
@@ -93,6 +98,7 @@ def test_tiles_equal_transformers(setting: tuple[Any, Any], width: int, height: 
     assert ours.pixel_values.shape == (ours.num_tiles, 3, side, side)
     assert ours.pixel_values.dtype == torch.float32
     _assert_same_as_hf(ours, hf, image)
+    assert image_grid(width, height, config) == (ours.rows, ours.cols)  # from the size alone
 
 
 def test_defaults_are_smolvlm(tmp_path: Path) -> None:

@@ -100,6 +100,20 @@ def process_image(image: PILImage.Image, config: Idefics3ProcessorConfig) -> Pro
     return ProcessedImage(torch.from_numpy(_normalize(np.stack(tiles), config)), rows, cols)
 
 
+def image_grid(width: int, height: int, config: Idefics3ProcessorConfig) -> tuple[int, int]:
+    """(rows, cols) that `process_image` gives an image of this size, from the size alone: the API
+    process expands a prompt's placeholders without decoding the pixels (the engine does that,
+    and only for images its encoder cache lacks)."""
+    size = (width, height)
+    if config.do_resize:
+        size = _longest_edge_size(size, config.longest_edge)
+    if not config.do_image_splitting:
+        return 0, 0
+    tiled_width, tiled_height = _tile_multiple_size(size, config.tile_size)
+    rows, cols = tiled_height // config.tile_size, tiled_width // config.tile_size
+    return (0, 0) if rows == cols == 1 else (rows, cols)
+
+
 def _split(
     image: PILImage.Image, side: int, resample: PILImage.Resampling
 ) -> tuple[list[np.ndarray], int, int]:
