@@ -14,11 +14,8 @@ from torch import nn
 
 from kvserve.models.loader.safetensors import load_hf_model
 from kvserve.models.vision.merge import ImageTokenMismatchError
-from tests.models.helpers import PagedDriver
+from tests.models.helpers import IMAGE_TOKEN_ID, TILE, TOKENS_PER_TILE, PagedDriver, make_tiny_idefics3
 
-IMAGE_TOKEN_ID = 383
-TILE = 32  # pixels per side: a 4 x 4 grid of 8-pixel patches, pixel-shuffled into 2 x 2 tokens
-TOKENS_PER_TILE = 4
 LOGITS_ATOL = 1e-4
 HIDDEN_ATOL = 1e-5
 
@@ -28,22 +25,6 @@ class Pair(NamedTuple):
     ours: nn.Module
 
 
-def tiny_idefics3_config():  # -> transformers.Idefics3Config
-    import transformers
-
-    text = transformers.LlamaConfig(
-        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, rope_theta=100_000.0, rms_norm_eps=1e-5,
-    )  # fmt: skip
-    vision = {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "image_size": TILE, "patch_size": 8, "layer_norm_eps": 1e-6,
-    }  # fmt: skip
-    return transformers.Idefics3Config(
-        text_config=text.to_dict(), vision_config=vision, scale_factor=2, image_token_id=IMAGE_TOKEN_ID
-    )
-
-
 class Saved(NamedTuple):
     hf: nn.Module
     path: Path
@@ -51,16 +32,7 @@ class Saved(NamedTuple):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
-    import transformers
-
-    torch.manual_seed(0)
-    config = tiny_idefics3_config()
-    config.initializer_range = config.text_config.initializer_range = 0.1
-    hf = transformers.Idefics3ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # random norms and position table, so their conventions matter
-        for name, param in hf.named_parameters():
-            if "norm" in name or "position_embedding" in name:
-                param.copy_(torch.randn_like(param) * 0.3 + (1.0 if name.endswith("norm.weight") else 0.0))
+    hf = make_tiny_idefics3()
     path: Path = tmp_path_factory.mktemp("idefics3")
     hf.save_pretrained(path, safe_serialization=True)
     return Saved(hf, path)
