@@ -111,6 +111,15 @@ class Metrics:
         for name, (help_text, field) in disk.items():
             gauge = Gauge(name, help_text, registry=self.registry)
             gauge.set_function(lambda field=field: float(_disk_stat(source(), field)))
+        encoder = {
+            "kvserve_encoder_cache_hits": ("Images whose vision-encoder output was kept", "num_hits"),
+            "kvserve_encoder_cache_misses": ("Images the vision encoder had to encode", "num_misses"),
+            "kvserve_encoder_cache_entries": ("Images in the vision-encoder output cache", "num_entries"),
+            "kvserve_encoder_cache_bytes": ("Bytes held by the vision-encoder output cache", "num_bytes"),
+        }
+        for name, (help_text, field) in encoder.items():
+            gauge = Gauge(name, help_text, registry=self.registry)
+            gauge.set_function(lambda field=field: float(_encoder_stat(source(), field)))
 
     def snapshot(self) -> list[Metric]:
         """This front end's request metrics, for a peer's scrape."""
@@ -183,6 +192,10 @@ def sum_families(snapshots: Iterable[list[Metric]]) -> list[Metric]:
 
 def _disk_stat(stats: EngineStats, field: str) -> int:
     return 0 if stats.disk is None else getattr(stats.disk, field)
+
+
+def _encoder_stat(stats: EngineStats, field: str) -> int:
+    return 0 if stats.encoder_cache is None else getattr(stats.encoder_cache, field)
 
 
 @router.get("/metrics")
