@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from kvserve.engine.process_client import ProcessEngineClient
 from kvserve.engine.request import Request
 from kvserve.engine.sampling_params import SamplingParams
 from tests.engine.conftest import make_engine
-from tests.models.helpers import IMAGE_TOKEN_ID, TILE, make_tiny_idefics3
+from tests.models.helpers import IMAGE_TOKEN_ID, TILE, SavedIdefics3, save_tiny_idefics3
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 BLOCK = 4
@@ -32,19 +31,12 @@ IMG = IMAGE_TOKEN_ID
 START, TILE_BREAK, END = 301, 303, 302  # stand-ins for Idefics3's markers around and between tiles
 
 
-class Saved(NamedTuple):
-    hf: nn.Module
-    path: Path
-
-
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
-    hf = make_tiny_idefics3()
-    path: Path = tmp_path_factory.mktemp("idefics3-engine")
-    hf.save_pretrained(path, safe_serialization=True)
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    return Saved(hf, path)
+def saved(tmp_path_factory: pytest.TempPathFactory) -> SavedIdefics3:
+    saved = save_tiny_idefics3(tmp_path_factory.mktemp("idefics3-engine"))
+    saved.hf.generation_config.eos_token_id = None  # the engine's tiny models have no EOS either
+    saved.hf.generation_config.pad_token_id = 0
+    return saved
 
 
 def _engine(path: Path, **overrides) -> EngineCore:
@@ -100,21 +92,21 @@ def _hf_greedy(hf: nn.Module, prompt: list[int], images: list[ImageInput]) -> li
     return out[0, len(prompt) :].tolist()
 
 
-def test_greedy_with_images_matches_transformers(saved: Saved) -> None:
+def test_greedy_with_images_matches_transformers(saved: SavedIdefics3) -> None:
     prompt, images = _two_image_prompt(seed=1)
     tokens, _ = _run(_engine(saved.path), prompt, images)
     assert tokens == _hf_greedy(saved.hf, prompt, images)
 
 
 @pytest.mark.parametrize("budget", [5, 7, 13])
-def test_chunks_that_cut_images_give_the_one_chunk_tokens(saved: Saved, budget: int) -> None:
+def test_chunks_that_cut_images_give_the_one_chunk_tokens(saved: SavedIdefics3, budget: int) -> None:
     prompt, images = _two_image_prompt(seed=2)
     one_chunk, _ = _run(_engine(saved.path), prompt, images)
     chunked, _ = _run(_engine(saved.path, max_num_batched_tokens=budget), prompt, images)
     assert chunked == one_chunk
 
 
-def test_same_image_hits_the_prefix_cache_past_the_image(saved: Saved) -> None:
+def test_same_image_hits_the_prefix_cache_past_the_image(saved: SavedIdefics3) -> None:
     engine = _engine(saved.path)
     prompt, images = _two_image_prompt(seed=3)
     first, _ = _run(engine, prompt, images, "a")
@@ -123,7 +115,7 @@ def test_same_image_hits_the_prefix_cache_past_the_image(saved: Saved) -> None:
     assert again == first
 
 
-def test_another_image_stops_the_hit_at_its_first_block(saved: Saved) -> None:
+def test_another_image_stops_the_hit_at_its_first_block(saved: SavedIdefics3) -> None:
     engine = _engine(saved.path)
     prompt, images = _two_image_prompt(seed=4)
     _run(engine, prompt, images, "a")
@@ -139,7 +131,7 @@ def test_another_image_stops_the_hit_at_its_first_block(saved: Saved) -> None:
     assert request.num_cached_tokens == 30 // BLOCK * BLOCK
 
 
-def test_text_only_block_hashes_are_the_plain_chain_hashes(saved: Saved) -> None:
+def test_text_only_block_hashes_are_the_plain_chain_hashes(saved: SavedIdefics3) -> None:
     engine = _engine(saved.path)
     prompt, images = _two_image_prompt(seed=5)
     text_only = engine.make_request("t", prompt, GREEDY)  # the same tokens without images
@@ -153,7 +145,7 @@ def test_text_only_block_hashes_are_the_plain_chain_hashes(saved: Saved) -> None
     )
 
 
-def test_encoder_cache_serves_a_resent_image(saved: Saved) -> None:
+def test_encoder_cache_serves_a_resent_image(saved: SavedIdefics3) -> None:
     engine = _engine(saved.path)
     prompt, images = _two_image_prompt(seed=6)
     _run(engine, prompt, images, "a")
@@ -170,7 +162,7 @@ def test_encoder_cache_serves_a_resent_image(saved: Saved) -> None:
     assert tokens == _run(_engine(saved.path), other, images)[0]
 
 
-def test_a_step_mixing_text_and_image_requests_gives_each_its_solo_tokens(saved: Saved) -> None:
+def test_a_step_mixing_text_and_image_requests_gives_each_its_solo_tokens(saved: SavedIdefics3) -> None:
     image_prompt, images = _two_image_prompt(seed=7)
     # The text request holds an image token typed as text: it keeps its own embedding, no image row.
     text_prompt = _text(12, seed=70) + [IMG] + _text(9, seed=71)
@@ -192,7 +184,7 @@ def test_a_step_mixing_text_and_image_requests_gives_each_its_solo_tokens(saved:
     assert together["image"] == _run(_engine(saved.path), image_prompt, images)[0]
 
 
-def test_preempted_image_requests_recompute_the_same_tokens(saved: Saved) -> None:
+def test_preempted_image_requests_recompute_the_same_tokens(saved: SavedIdefics3) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     prompts = [_two_image_prompt(seed=20 + 3 * i) for i in range(3)]
 
@@ -222,7 +214,7 @@ def test_preempted_image_requests_recompute_the_same_tokens(saved: Saved) -> Non
         ("not_square", "squares"),
     ],
 )
-def test_bad_images_are_refused_before_queueing(saved: Saved, case: str, message: str) -> None:
+def test_bad_images_are_refused_before_queueing(saved: SavedIdefics3, case: str, message: str) -> None:
     engine = _engine(saved.path)
     prompt, (a, b) = _two_image_prompt(seed=9)
     images = {
@@ -242,7 +234,9 @@ def test_a_text_model_refuses_images(tiny_llama_dir: Path) -> None:
         engine.make_request("r", [IMG] * 4, GREEDY, images=[ImageInput("x", 0, 4, _pixels(1, 0))])
 
 
-def test_image_kv_from_disk_after_a_restart_only_for_the_same_image(saved: Saved, tmp_path: Path) -> None:
+def test_image_kv_from_disk_after_a_restart_only_for_the_same_image(
+    saved: SavedIdefics3, tmp_path: Path
+) -> None:
     """The disk tier keys its chunks by the same image-aware chain hashes, in a fresh engine too."""
     store = KVStoreConfig(
         directory=str(tmp_path / "kv"), chunk_tokens=8, min_tokens=8, align_tokens=8, preload_fraction=0.0
@@ -268,7 +262,7 @@ def test_image_kv_from_disk_after_a_restart_only_for_the_same_image(saved: Saved
 
 
 @pytest.mark.parametrize("transport", ["thread", "process"])
-def test_images_reach_the_engine_through_either_client(saved: Saved, transport: str) -> None:
+def test_images_reach_the_engine_through_either_client(saved: SavedIdefics3, transport: str) -> None:
     prompt, images = _two_image_prompt(seed=11)
     expected = _run(_engine(saved.path), prompt, images)[0]
     client: EngineClient

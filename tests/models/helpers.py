@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -119,6 +120,17 @@ def make_tiny_idefics3(seed: int = 0) -> nn.Module:
             if "norm" in name or "position_embedding" in name:
                 param.copy_(torch.randn_like(param) * 0.3 + (1.0 if name.endswith("norm.weight") else 0.0))
     return hf
+
+
+class SavedIdefics3(NamedTuple):
+    hf: nn.Module  # transformers' model, the oracle
+    path: Path  # its safetensors folder, for kvserve's loader
+
+
+def save_tiny_idefics3(path: Path) -> SavedIdefics3:
+    hf = make_tiny_idefics3()
+    hf.save_pretrained(path, safe_serialization=True)
+    return SavedIdefics3(hf, path)
 
 
 def save_tiny_hf_model(family: str, path: Path, seed: int = 0) -> nn.Module:

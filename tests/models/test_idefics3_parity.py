@@ -14,7 +14,14 @@ from torch import nn
 
 from kvserve.models.loader.safetensors import load_hf_model
 from kvserve.models.vision.merge import ImageTokenMismatchError
-from tests.models.helpers import IMAGE_TOKEN_ID, TILE, TOKENS_PER_TILE, PagedDriver, make_tiny_idefics3
+from tests.models.helpers import (
+    IMAGE_TOKEN_ID,
+    TILE,
+    TOKENS_PER_TILE,
+    PagedDriver,
+    SavedIdefics3,
+    save_tiny_idefics3,
+)
 
 LOGITS_ATOL = 1e-4
 HIDDEN_ATOL = 1e-5
@@ -25,21 +32,13 @@ class Pair(NamedTuple):
     ours: nn.Module
 
 
-class Saved(NamedTuple):
-    hf: nn.Module
-    path: Path
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> SavedIdefics3:
+    return save_tiny_idefics3(tmp_path_factory.mktemp("idefics3"))
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
-    hf = make_tiny_idefics3()
-    path: Path = tmp_path_factory.mktemp("idefics3")
-    hf.save_pretrained(path, safe_serialization=True)
-    return Saved(hf, path)
-
-
-@pytest.fixture(scope="module")
-def pair(saved: Saved) -> Pair:
+def pair(saved: SavedIdefics3) -> Pair:
     return Pair(saved.hf, load_hf_model(saved.path, torch.float32).model)
 
 
@@ -137,7 +136,7 @@ def _save_word_tokenizer(path: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="w1").save_pretrained(str(path))
 
 
-def test_load_model_builds_the_vision_model_from_the_folder(saved: Saved) -> None:
+def test_load_model_builds_the_vision_model_from_the_folder(saved: SavedIdefics3) -> None:
     from kvserve.models.idefics3 import Idefics3ForConditionalGeneration
     from kvserve.models.loader import load_model
 
