@@ -6,7 +6,7 @@ Torch-free at import, like `request.py`: the API process's `EngineClient` types 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class ImageInput:
     content_hash: str
     offset: int  # index in the prompt of the image's first placeholder token
     num_tokens: int
-    pixel_values: torch.Tensor  # [num_tiles, channels, side, side] float32, on the CPU
+    pixel_values: torch.Tensor = field(repr=False)  # [num_tiles, channels, side, side] float32, CPU
 
     @property
     def end(self) -> int:

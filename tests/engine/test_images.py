@@ -5,6 +5,7 @@ batches that mix text and image requests, the disk tier across a restart, and bo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from kvserve.cli import engine_host
 from kvserve.config import KVStoreConfig
 from kvserve.engine.client import AsyncEngineClient
 from kvserve.engine.client_protocol import EngineClient
@@ -159,6 +161,8 @@ def test_encoder_cache_serves_a_resent_image(saved: SavedIdefics3) -> None:
     after = engine.encoder_cache.stats()
     assert request.num_cached_tokens == 0
     assert (after.num_hits, after.num_misses) == (2, 2)
+    reported = engine_host.engine_stats(engine).encoder_cache  # what /metrics reads
+    assert reported is not None and dataclasses.astuple(reported) == dataclasses.astuple(after)
     assert tokens == _run(_engine(saved.path), other, images)[0]
 
 
