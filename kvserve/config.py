@@ -32,6 +32,9 @@ class CacheConfig:
     # the attention's KV reads, and fp16 halves them (the C++ decode attention widens with F16C);
     # the disk tier stores and reloads the same bytes. Else the engine's own dtype.
     kv_dtype: DTypeName = "auto"
+    # Device memory for vision-encoder outputs kept by image (runner/encoder_cache.py): ~200 of
+    # SmolVLM's 17-tile images in bf16. Models without images never allocate it.
+    encoder_cache_mb: int = 256
 
 
 @dataclass(frozen=True)

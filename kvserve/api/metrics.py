@@ -99,18 +99,31 @@ class Metrics:
         for name, (help_text, read) in gauges.items():
             gauge = Gauge(name, help_text, registry=self.registry)
             gauge.set_function(lambda read=read: float(read(source())))
-        disk = {
-            "kvserve_kv_disk_hits": ("Requests that loaded a prefix from the disk KV cache", "num_hits"),
-            "kvserve_kv_disk_hit_tokens": ("Prompt tokens loaded from the disk KV cache", "num_hit_tokens"),
-            "kvserve_kv_disk_saves": ("Checkpoints written to the disk KV cache", "num_saves"),
-            "kvserve_kv_disk_saved_bytes": ("Bytes written to the disk KV cache", "num_saved_bytes"),
-            "kvserve_kv_disk_entries": ("Checkpoints in the disk KV cache", "num_checkpoints"),
-            "kvserve_kv_disk_bytes": ("Bytes used by the disk KV cache", "num_bytes"),
-            "kvserve_kv_disk_evictions": ("Checkpoints evicted from the disk KV cache", "num_evictions"),
+        # The engine's optional parts (EngineStats.disk, .encoder_cache): 0 where it has none.
+        parts = {
+            "disk": {
+                "kvserve_kv_disk_hits": ("Requests that loaded a prefix from the disk KV cache", "num_hits"),
+                "kvserve_kv_disk_hit_tokens": (
+                    "Prompt tokens loaded from the disk KV cache",
+                    "num_hit_tokens",
+                ),
+                "kvserve_kv_disk_saves": ("Checkpoints written to the disk KV cache", "num_saves"),
+                "kvserve_kv_disk_saved_bytes": ("Bytes written to the disk KV cache", "num_saved_bytes"),
+                "kvserve_kv_disk_entries": ("Checkpoints in the disk KV cache", "num_checkpoints"),
+                "kvserve_kv_disk_bytes": ("Bytes used by the disk KV cache", "num_bytes"),
+                "kvserve_kv_disk_evictions": ("Checkpoints evicted from the disk KV cache", "num_evictions"),
+            },
+            "encoder_cache": {
+                "kvserve_encoder_cache_hits": ("Images whose vision-encoder output was kept", "num_hits"),
+                "kvserve_encoder_cache_misses": ("Images the vision encoder had to encode", "num_misses"),
+                "kvserve_encoder_cache_entries": ("Images in the vision-encoder output cache", "num_entries"),
+                "kvserve_encoder_cache_bytes": ("Bytes of the vision-encoder output cache", "num_bytes"),
+            },
         }
-        for name, (help_text, field) in disk.items():
-            gauge = Gauge(name, help_text, registry=self.registry)
-            gauge.set_function(lambda field=field: float(_disk_stat(source(), field)))
+        for part, gauges in parts.items():
+            for name, (help_text, field) in gauges.items():
+                gauge = Gauge(name, help_text, registry=self.registry)
+                gauge.set_function(lambda part=part, field=field: float(_part_stat(source(), part, field)))
 
     def snapshot(self) -> list[Metric]:
         """This front end's request metrics, for a peer's scrape."""
@@ -181,8 +194,9 @@ def sum_families(snapshots: Iterable[list[Metric]]) -> list[Metric]:
     return list(families.values())
 
 
-def _disk_stat(stats: EngineStats, field: str) -> int:
-    return 0 if stats.disk is None else getattr(stats.disk, field)
+def _part_stat(stats: EngineStats, part: str, field: str) -> int:
+    counts = getattr(stats, part)
+    return 0 if counts is None else getattr(counts, field)
 
 
 @router.get("/metrics")

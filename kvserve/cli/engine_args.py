@@ -101,6 +101,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-memory-mb", type=int, default=d.cache.kv_cache_memory_mb, help="KV pool size (0 = auto)"
     )
     g.add_argument(
+        "--encoder-cache-mb",
+        type=int,
+        default=d.cache.encoder_cache_mb,
+        help="device memory for vision-encoder outputs kept by image, so a resent image is not "
+        "encoded again (image models only)",
+    )
+    g.add_argument(
         "--kv-cache-dtype",
         choices=KV_DTYPE_CHOICES,
         default=d.cache.kv_dtype,
@@ -191,6 +198,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             kv_cache_memory_mb=args.kv_cache_memory_mb,
             gpu_memory_utilization=args.gpu_memory_utilization,
             kv_dtype=args.kv_cache_dtype,
+            encoder_cache_mb=args.encoder_cache_mb,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens

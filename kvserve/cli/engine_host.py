@@ -147,15 +147,17 @@ def link_handle(client: EngineLink) -> EngineHandle:
 
 def engine_stats(core: EngineCore) -> EngineStats:
     """Read off the engine thread while it runs: plain int/float reads, fine for metrics."""
-    from kvserve.serving.engine_stats import DiskCacheStats
+    from kvserve.serving.engine_stats import DiskCacheStats, EncoderCacheStats
 
     disk = core.disk_tier.stats() if core.disk_tier is not None else None
+    encoder = core.encoder_cache.stats() if core.encoder_cache is not None else None
     return EngineStats(
         core.scheduler.num_running,
         core.scheduler.num_waiting,
         core.kv_manager.usage,
         core.kv_manager.stats.hit_rate,
         disk=None if disk is None else DiskCacheStats(*dataclasses.astuple(disk)),
+        encoder_cache=None if encoder is None else EncoderCacheStats(*dataclasses.astuple(encoder)),
     )
 
 

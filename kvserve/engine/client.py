@@ -12,11 +12,12 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.core import EngineCore
+from kvserve.engine.image_input import ImageInput
 from kvserve.engine.outputs import EngineOutput, merge_outputs
 from kvserve.engine.request import CheckpointHint, Request
 from kvserve.engine.sampling_params import SamplingParams
@@ -75,12 +76,15 @@ class AsyncEngineClient:
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
         checkpoint_hint: CheckpointHint | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> AsyncIterator[EngineOutput]:
-        """Stream one request's outputs; raises PromptTooLongError before queueing. `constraint`
-        belongs to the engine thread from here on."""
+        """Stream one request's outputs; raises PromptTooLongError (or ValueError: bad token ids or
+        images) before queueing. `constraint` belongs to the engine thread from here on."""
         if self._dead is not None:
             raise EngineDeadError(str(self._dead))
-        request = self.core.make_request(request_id, prompt_token_ids, params, constraint, checkpoint_hint)
+        request = self.core.make_request(
+            request_id, prompt_token_ids, params, constraint, checkpoint_hint, images
+        )
         outputs: asyncio.Queue[EngineOutput | BaseException] = asyncio.Queue()
         self._inbox.put(_Add(request, asyncio.get_running_loop(), outputs))
         finished = False

@@ -6,10 +6,11 @@ Torch-free, so `serving/` (through `serving/engine_protocol.py`) and `cli/` can 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from kvserve.engine.constraint import TokenConstraint
+from kvserve.engine.image_input import ImageInput
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import CheckpointHint
 from kvserve.engine.sampling_params import SamplingParams
@@ -27,6 +28,7 @@ class EngineClient(Protocol):
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
         checkpoint_hint: CheckpointHint | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> AsyncIterator[EngineOutput]: ...
 
     def abort(self, request_id: str) -> None: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,16 +14,19 @@ from kvserve.config import EngineConfig, resolve, resolve_weight_quant
 from kvserve.engine.cache_key import cache_key
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.disk_tier import DiskTier, open_kv_tier
+from kvserve.engine.image_input import ImageInput, check_images
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.kv_pool import build_runner, resolve_kv_pool
 from kvserve.engine.kv_tier import OpenKVTier
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
 from kvserve.engine.overlap import PendingStep, can_overlap
 from kvserve.engine.request import CheckpointHint, Request
+from kvserve.engine.runner.encoder_cache import EncoderCache
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import RequestTooLongError, Scheduler
 from kvserve.models.loaded import LoadedModel
+from kvserve.models.vision.interface import ImageInputModel
 
 if TYPE_CHECKING:
     from kvserve.engine.tensor_parallel.driver import TPDriver
@@ -56,13 +60,18 @@ class EngineCore:
         block_size = config.cache.block_size
         self.cache_key = cache_key(config, loaded.fingerprint)
         self.kv_manager = KVCacheManager(block_size, self.num_blocks, extra_key=self.cache_key)
+        model = loaded.model
+        # The model that takes images, where it does (and rank 0 can encode them alone: not under TP).
+        self.image_model = model if isinstance(model, ImageInputModel) and tp is None else None
         self.scheduler = Scheduler(
             max_num_seqs=config.scheduler.max_num_seqs,
             max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
             kv_manager=self.kv_manager,
             max_model_len=self.max_model_len,
+            keep_images_whole=self.image_model is not None and self.image_model.image_spans_bidirectional,
         )
         runner = build_runner(config, loaded, self.num_blocks, self.max_model_len)
+        self.encoder_cache: EncoderCache | None = None if runner.images is None else runner.images.cache
         self.runner: ModelRunner | TPDriver = runner if tp is None else tp.attach(runner)
         overlap = config.async_scheduling
         if overlap is None:
@@ -97,7 +106,10 @@ class EngineCore:
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
         checkpoint_hint: CheckpointHint | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> Request:
+        """`images`: in prompt order, each over its placeholder tokens (ImageInput); ValueError when
+        the model takes none or they do not fit the prompt."""
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         vocab_size = self.loaded.arch.vocab_size
@@ -105,6 +117,11 @@ class EngineCore:
             0 <= t < vocab_size for t in prompt_token_ids
         ):
             raise ValueError(f"token ids must be in [0, {vocab_size})")
+        if images:
+            if self.image_model is None:
+                raise ValueError("this engine takes no images (a text model, or tensor-parallel ranks)")
+            model = self.image_model
+            check_images(prompt_token_ids, images, model.image_token_id, model.count_image_rows)
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -114,6 +131,7 @@ class EngineCore:
             max_model_len=self.max_model_len,
             constraint=constraint,
             checkpoint_hint=checkpoint_hint,
+            images=tuple(images),
         )
         # Checked here, on the caller's thread, so the error reaches it before queueing.
         limit = self.scheduler.token_limit(request)

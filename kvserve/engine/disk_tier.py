@@ -236,6 +236,8 @@ class DiskTier:
         token_ids = self.store.token_ids(checkpoint_id)
         if token_ids is None:
             return 0
+        # NOTE: a checkpoint keeps token ids, not images: where it holds an image, these text-only
+        # hashes miss its chunks from the image's first block on, so only the prefix before it loads.
         hashes = compute_block_hashes(token_ids, self.block_size, self.kv.extra_key)
         run = self.store.lookup_by_block_hashes(hashes)
         if run is None:
@@ -387,7 +389,7 @@ class DiskTier:
         num_tokens -= num_tokens % self.block_size
         if request.is_finished:  # freed already (its full blocks stay cached): hash afresh
             hashes = compute_block_hashes(
-                request.all_token_ids[:num_tokens], self.block_size, self.kv.extra_key
+                request.all_token_ids[:num_tokens], self.block_size, self.kv.extra_key, images=request.images
             )
         else:
             hashes = self.kv.block_hashes(request, num_tokens)

@@ -226,7 +226,12 @@ class EngineProcess:
             recipe = message.recipe
             constraint = None if recipe is None else self.build_constraint(recipe)
             request = self.core.make_request(
-                request_id, message.prompt_token_ids, message.params, constraint, message.checkpoint_hint
+                request_id,
+                message.prompt_token_ids,
+                message.params,
+                constraint,
+                message.checkpoint_hint,
+                message.images,
             )
             self.core.add_request(request)
         except Exception as error:  # noqa: BLE001 (a bad request fails alone, never the engine)

@@ -16,6 +16,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.engine.image_input import ImageInput
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import CheckpointHint, FinishReason
 from kvserve.engine.sampling_params import SamplingParams
@@ -53,6 +54,7 @@ class AddRequest:
     params: SamplingParams
     recipe: Any  # the token constraint's recipe (grammar.constraint), rebuilt in the engine; or None
     checkpoint_hint: CheckpointHint | None
+    images: tuple[ImageInput, ...] = ()  # their pixels pickle as numpy arrays (ImageInput.__reduce__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ def build_runner(
         # --bf16-prefill: the prompt rows' attention in bf16 too (torch_ref.py), where the weights are
         # bf16 for the same reason (a CPU with AVX512-BF16 or AMX).
         prefill_attention_dtype=torch.bfloat16 if config.bf16_prefill else None,
+        encoder_cache_bytes=config.cache.encoder_cache_mb * 2**20,
     )
 
 

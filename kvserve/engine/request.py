@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from kvserve.engine.constraint import TokenConstraint
+from kvserve.engine.image_input import ImageInput
 from kvserve.engine.sampling_params import SamplingParams
 
 
@@ -80,6 +81,7 @@ class Request:
     error: str | None = None  # set with FINISHED_ERROR
     checkpoint_hint: CheckpointHint | None = None  # explicit disk checkpoints (agent sessions)
     overlap_limit: int | None = None  # engine/overlap.py's, computed at its first check
+    images: tuple[ImageInput, ...] = ()  # in prompt order; their spans' placeholders take their rows
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -6,7 +6,8 @@ keep flowing while a long prompt is prefilled over several steps. Waiting reques
 admitted first come, first served while the budget, `max_num_seqs` and the KV pool allow.
 When a running request needs a block and none is free, the latest arrival is preempted:
 its blocks are freed (they stay cached, so the recompute is often a prefix hit) and it
-goes back to the front of the queue with its output so far.
+goes back to the front of the queue with its output so far. A chunk may cut an image's span,
+unless the model attends both ways inside images (`keep_images_whole`).
 
 The engine calls `schedule()`, runs the model, then `update()`, every step (also when
 the plan is empty: `update()` is where the final outputs of aborted requests come from).
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvserve.engine.kv_cache.manager import KVCacheManager
+from kvserve.engine.kv_cache.manager import ComputedBlocks, KVCacheManager
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, ScheduledRequest, SchedulerOutput
 from kvserve.engine.request import Logprob, Request, RequestStatus
 
@@ -53,7 +54,10 @@ class Scheduler:
         kv_manager: KVCacheManager,
         max_model_len: int,
         long_prefill_token_threshold: int | None = None,
+        keep_images_whole: bool = False,
     ) -> None:
+        """`keep_images_whole`: the model attends both ways inside an image, so no prefill chunk and
+        no prefix hit may end inside one (ImageInputModel.image_spans_bidirectional)."""
         assert max_num_seqs > 0 and max_num_batched_tokens > 0 and max_model_len > 1
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -62,6 +66,7 @@ class Scheduler:
         # The pool never changes size: read per sampled token (token_limit), so computed once.
         self._engine_token_limit = min(max_model_len, kv_manager.max_num_tokens)
         self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.keep_images_whole = keep_images_whole
         self.waiting: deque[Request] = deque()
         # NOTE: in arrival order, since admission is FCFS and the preempted re-enter at the head
         # of the queue; the last one is the latest arrival, preempted first.
@@ -182,6 +187,7 @@ class Scheduler:
         # the chunk, the allocation and the plan entry without a method call each.
         kv = self.kv
         threshold = self.long_prefill_token_threshold
+        whole_images = self.keep_images_whole
         running = self.running
         decodes, prefills = plan.decodes, plan.prefills
         index = 0
@@ -190,6 +196,8 @@ class Scheduler:
             num_output = len(request.output_token_ids)
             num_remaining = len(request.prompt_token_ids) + num_output - request.num_computed_tokens
             num_new_tokens = min(num_remaining, plan.token_budget, threshold or num_remaining)
+            if whole_images and request.images:
+                num_new_tokens = _whole_images(request, request.num_computed_tokens, num_new_tokens)
             if kv.allocate_slots(request, num_new_tokens) is None and not self._allocate_or_preempt(
                 request, num_new_tokens, plan
             ):
@@ -216,7 +224,12 @@ class Scheduler:
         while self.waiting and plan.token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             hit = self.kv.get_computed_blocks(request)
+            whole_images = self.keep_images_whole and request.images
+            if whole_images:
+                hit = _hit_before_images(request, hit, self.kv.block_size)
             num_new_tokens = self._chunk(request.num_tokens - hit.num_computed_tokens, plan)
+            if whole_images:
+                num_new_tokens = _whole_images(request, hit.num_computed_tokens, num_new_tokens)
             if self.kv.allocate_slots(request, num_new_tokens, hit.blocks) is None:
                 return  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
@@ -288,6 +301,26 @@ class Scheduler:
             0,
             request.error,
         )
+
+
+def _whole_images(request: Request, start: int, num_new_tokens: int) -> int:
+    """The chunk [start, start + num_new_tokens) cut short before an image it would end inside, or,
+    starting on the image, grown to hold all of it (past the step's token budget if need be)."""
+    end = start + num_new_tokens
+    for image in request.images:
+        if image.offset < end < image.end:
+            return (image.offset if image.offset > start else image.end) - start
+    return num_new_tokens
+
+
+def _hit_before_images(request: Request, hit: ComputedBlocks, block_size: int) -> ComputedBlocks:
+    """A prefix hit that ends inside an image, cut back to the block where the image starts."""
+    num_hit = hit.num_computed_tokens
+    for image in request.images:
+        if image.offset < num_hit < image.end:
+            num_blocks = image.offset // block_size
+            return ComputedBlocks(hit.blocks[:num_blocks], num_blocks * block_size)
+    return hit
 
 
 def _stops_on(request: Request, token_id: int) -> bool:

@@ -60,6 +60,8 @@ class Idefics3Connector(nn.Module):
 
 
 class Idefics3ForConditionalGeneration(CausalLMBase):
+    image_spans_bidirectional = False  # the decoder attends causally inside an image too
+
     def __init__(self, arch: ModelArchConfig, backend: AttentionBackend) -> None:
         super().__init__(arch, backend)
         assert arch.vision is not None, "an idefics3 arch carries its vision config"
@@ -67,17 +69,40 @@ class Idefics3ForConditionalGeneration(CausalLMBase):
         self.vision_model = SiglipVisionModel(arch.vision)
         self.connector = Idefics3Connector(arch.vision, arch.hidden_size)
 
+    @property
+    def image_token_id(self) -> int:
+        return self.vision.image_token_id
+
+    def count_image_rows(self, pixel_values: torch.Tensor) -> int:
+        """Checked before a request is queued: pixel_shuffle needs square tiles whose patch grid the
+        scale factor divides."""
+        vision = self.vision
+        if pixel_values.dim() != 4 or not pixel_values.is_floating_point():
+            shape = tuple(pixel_values.shape)
+            raise ValueError(f"pixel values must be float [num_tiles, channels, side, side], not {shape}")
+        num_tiles, channels, height, width = pixel_values.shape
+        grid = vision.patch_size * vision.scale_factor
+        if num_tiles == 0 or channels != vision.num_channels or height != width or height % grid:
+            raise ValueError(
+                f"tiles must be {vision.num_channels}-channel squares whose side is a multiple of {grid} "
+                f"pixels, not {tuple(pixel_values.shape)}"
+            )
+        return num_tiles * (height // grid) ** 2
+
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Normalized tiles [num_tiles, channels, side, side] (the processor's output, every tile
         square and whole) -> decoder rows [num_tiles, tokens_per_tile, hidden_size]."""
         dtype = self.connector.modality_projection.proj.weight.dtype
         return self.connector(self.vision_model(pixel_values.to(dtype)))
 
-    def embed_inputs(self, input_ids: torch.Tensor, image_rows: torch.Tensor) -> torch.Tensor:
+    def embed_inputs(
+        self, input_ids: torch.Tensor, image_rows: torch.Tensor, is_image: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """[num_tokens] ids and the rows [num_image_tokens, hidden] of the image tokens among them,
-        in order -> inputs_embeds [num_tokens, hidden] for `forward`."""
+        in order -> inputs_embeds [num_tokens, hidden] for `forward`. `is_image` [num_tokens] bool:
+        which tokens take the rows (default: every image token)."""
         text_embeds = self.model.embed_tokens(input_ids)  # [num_tokens, hidden_size]
-        return scatter_image_rows(input_ids, text_embeds, image_rows, self.vision.image_token_id)
+        return scatter_image_rows(input_ids, text_embeds, image_rows, self.vision.image_token_id, is_image)
 
     def strip_hf_prefix(self, hf_name: str) -> str | None:
         for prefix, ours in _PREFIXES:

@@ -21,12 +21,23 @@ class DiskCacheStats:
 
 
 @dataclass(frozen=True)
+class EncoderCacheStats:
+    """The vision-encoder output cache; mirrors engine.runner.encoder_cache.EncoderCacheStats."""
+
+    num_hits: int  # images a step needed whose encoder rows were kept
+    num_misses: int  # images it had to encode
+    num_entries: int
+    num_bytes: int
+
+
+@dataclass(frozen=True)
 class EngineStats:
     num_running: int  # sequences being decoded or prefilled
     num_waiting: int  # queued, not yet admitted
     kv_usage: float  # fraction of KV blocks held by requests
     prefix_cache_hit_rate: float  # hit tokens / query tokens since start
     disk: DiskCacheStats | None = None  # None without the disk tier
+    encoder_cache: EncoderCacheStats | None = None  # None for a model that takes no images
 
 
 EngineStatsSource = Callable[[], EngineStats]

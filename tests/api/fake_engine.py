@@ -10,11 +10,12 @@ logprobs: token i has logprob -(i+1)/10, and its k alternatives are itself and t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvserve.engine.constraint import TokenConstraint
+from kvserve.engine.image_input import ImageInput
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import CheckpointHint, FinishReason, Logprob
 from kvserve.engine.sampling_params import SamplingParams
@@ -116,6 +117,7 @@ class FakeEngine:
         self.request_ids: list[str] = []
         self.constraints: list[TokenConstraint | None] = []  # per request, in order (not applied)
         self.checkpoint_hints: list[CheckpointHint | None] = []  # per request, in order (no disk tier)
+        self.images: list[tuple[ImageInput, ...]] = []  # per request, in order
         self._history: list[list[int]] = []
 
     async def generate(
@@ -125,10 +127,12 @@ class FakeEngine:
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
         checkpoint_hint: CheckpointHint | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> AsyncIterator[EngineOutput]:
         self.requests.append((list(prompt_token_ids), params))
         self.constraints.append(constraint)
         self.checkpoint_hints.append(checkpoint_hint)
+        self.images.append(tuple(images))
         self.request_ids.append(request_id)
         cached = self._cached_tokens(prompt_token_ids)
         tokens = self.script(prompt_token_ids) if callable(self.script) else list(self.script)

@@ -11,11 +11,13 @@ import typing
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from kvserve.cli import engine_host
 from kvserve.engine import ipc
 from kvserve.engine.client_protocol import EngineClient
 from kvserve.engine.engine_process import EngineProcess
+from kvserve.engine.image_input import ImageInput
 from kvserve.engine.process_client import EngineLink
 from kvserve.engine.request import CheckpointHint
 from kvserve.engine.sampling_params import SamplingParams
@@ -70,6 +72,14 @@ def _fields(message: typing.Any) -> list[object]:
 def test_each_message_round_trips_through_pickle(message: object) -> None:
     wire = ipc.loads(ipc.dumps(message))  # type: ignore[arg-type]
     assert type(wire) is type(message) and _fields(wire) == _fields(message)
+
+
+def test_images_cross_with_their_pixels() -> None:
+    pixels = torch.randn(2, 3, 8, 8)
+    add = ipc.AddRequest("r1", [1, 2], SamplingParams(), None, None, (ImageInput("h1", 1, 9, pixels),))
+    (image,) = ipc.loads(ipc.dumps(add)).images  # type: ignore[attr-defined]
+    assert (image.content_hash, image.offset, image.num_tokens) == ("h1", 1, 9)
+    assert isinstance(image.pixel_values, torch.Tensor) and torch.equal(image.pixel_values, pixels)
 
 
 def test_every_message_type_has_a_round_trip_example() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -81,6 +82,55 @@ def make_tiny_hf_model(family: str, seed: int = 0) -> nn.Module:
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+# The tiny Idefics3: 32-pixel tiles, a 4 x 4 grid of 8-pixel patches pixel-shuffled into 2 x 2 tokens.
+IMAGE_TOKEN_ID = 383
+TILE = 32
+TOKENS_PER_TILE = 4
+
+
+def tiny_idefics3_config():  # -> transformers.Idefics3Config
+    import transformers
+
+    text = transformers.LlamaConfig(
+        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rope_theta=100_000.0, rms_norm_eps=1e-5,
+    )  # fmt: skip
+    vision = {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "image_size": TILE, "patch_size": 8, "layer_norm_eps": 1e-6,
+    }  # fmt: skip
+    return transformers.Idefics3Config(
+        text_config=text.to_dict(), vision_config=vision, scale_factor=2, image_token_id=IMAGE_TOKEN_ID
+    )
+
+
+def make_tiny_idefics3(seed: int = 0) -> nn.Module:
+    """A random-weight HF Idefics3ForConditionalGeneration; norms and the vision position table get
+    random values too, so their conventions matter."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = tiny_idefics3_config()
+    config.initializer_range = config.text_config.initializer_range = 0.1
+    hf = transformers.Idefics3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if "norm" in name or "position_embedding" in name:
+                param.copy_(torch.randn_like(param) * 0.3 + (1.0 if name.endswith("norm.weight") else 0.0))
+    return hf
+
+
+class SavedIdefics3(NamedTuple):
+    hf: nn.Module  # transformers' model, the oracle
+    path: Path  # its safetensors folder, for kvserve's loader
+
+
+def save_tiny_idefics3(path: Path) -> SavedIdefics3:
+    hf = make_tiny_idefics3()
+    hf.save_pretrained(path, safe_serialization=True)
+    return SavedIdefics3(hf, path)
 
 
 def save_tiny_hf_model(family: str, path: Path, seed: int = 0) -> nn.Module:

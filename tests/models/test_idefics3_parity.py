@@ -14,11 +14,15 @@ from torch import nn
 
 from kvserve.models.loader.safetensors import load_hf_model
 from kvserve.models.vision.merge import ImageTokenMismatchError
-from tests.models.helpers import PagedDriver
+from tests.models.helpers import (
+    IMAGE_TOKEN_ID,
+    TILE,
+    TOKENS_PER_TILE,
+    PagedDriver,
+    SavedIdefics3,
+    save_tiny_idefics3,
+)
 
-IMAGE_TOKEN_ID = 383
-TILE = 32  # pixels per side: a 4 x 4 grid of 8-pixel patches, pixel-shuffled into 2 x 2 tokens
-TOKENS_PER_TILE = 4
 LOGITS_ATOL = 1e-4
 HIDDEN_ATOL = 1e-5
 
@@ -28,46 +32,13 @@ class Pair(NamedTuple):
     ours: nn.Module
 
 
-def tiny_idefics3_config():  # -> transformers.Idefics3Config
-    import transformers
-
-    text = transformers.LlamaConfig(
-        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, rope_theta=100_000.0, rms_norm_eps=1e-5,
-    )  # fmt: skip
-    vision = {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "image_size": TILE, "patch_size": 8, "layer_norm_eps": 1e-6,
-    }  # fmt: skip
-    return transformers.Idefics3Config(
-        text_config=text.to_dict(), vision_config=vision, scale_factor=2, image_token_id=IMAGE_TOKEN_ID
-    )
-
-
-class Saved(NamedTuple):
-    hf: nn.Module
-    path: Path
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> SavedIdefics3:
+    return save_tiny_idefics3(tmp_path_factory.mktemp("idefics3"))
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
-    import transformers
-
-    torch.manual_seed(0)
-    config = tiny_idefics3_config()
-    config.initializer_range = config.text_config.initializer_range = 0.1
-    hf = transformers.Idefics3ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # random norms and position table, so their conventions matter
-        for name, param in hf.named_parameters():
-            if "norm" in name or "position_embedding" in name:
-                param.copy_(torch.randn_like(param) * 0.3 + (1.0 if name.endswith("norm.weight") else 0.0))
-    path: Path = tmp_path_factory.mktemp("idefics3")
-    hf.save_pretrained(path, safe_serialization=True)
-    return Saved(hf, path)
-
-
-@pytest.fixture(scope="module")
-def pair(saved: Saved) -> Pair:
+def pair(saved: SavedIdefics3) -> Pair:
     return Pair(saved.hf, load_hf_model(saved.path, torch.float32).model)
 
 
@@ -165,7 +136,7 @@ def _save_word_tokenizer(path: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="w1").save_pretrained(str(path))
 
 
-def test_load_model_builds_the_vision_model_from_the_folder(saved: Saved) -> None:
+def test_load_model_builds_the_vision_model_from_the_folder(saved: SavedIdefics3) -> None:
     from kvserve.models.idefics3 import Idefics3ForConditionalGeneration
     from kvserve.models.loader import load_model
 

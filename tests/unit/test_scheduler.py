@@ -12,9 +12,11 @@ import itertools
 import random
 
 import pytest
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from kvserve.engine.image_input import ImageInput
 from kvserve.engine.kv_cache.block_pool import BlockPool
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
@@ -151,6 +153,41 @@ def test_long_prefill_token_threshold_caps_each_chunk() -> None:
         plan, _ = step(scheduler, runner)
         chunks += [s.num_new_tokens for s in plan.scheduled]
     assert chunks == [100, 100, 100, 100, 50]
+
+
+def _chunks(scheduler: Scheduler, runner: FakeRunner, request: Request) -> list[int]:
+    """The request's prefill chunks (not through step(): a whole image may exceed the budget)."""
+    scheduler.add_request(request)
+    chunks = []
+    while request.num_computed_tokens < request.num_prompt_tokens:
+        plan = scheduler.schedule()
+        chunks += [s.num_new_tokens for s in plan.scheduled]
+        scheduler.update(plan, runner.execute(plan))
+    run_to_completion(scheduler, runner)
+    return chunks
+
+
+@pytest.mark.parametrize(("whole", "expected"), [(False, [10, 10, 10]), (True, [6, 12, 10, 2])])
+def test_chunks_keep_images_whole_only_where_the_model_needs_it(whole: bool, expected: list[int]) -> None:
+    """Image span [6, 18): cut short before it, then taken whole past the 10-token budget."""
+    scheduler, runner = make_scheduler(block_size=4, budget=10, keep_images_whole=whole)
+    image = ImageInput("h", 6, 12, torch.zeros(1))
+    request = make_request("a", random_tokens(30, 20), max_tokens=2)
+    request.images = (image,)
+    assert _chunks(scheduler, runner, request) == expected
+
+
+def test_a_prefix_hit_never_ends_inside_a_whole_image() -> None:
+    scheduler, runner = make_scheduler(block_size=4, budget=10, keep_images_whole=True)
+    prompt = random_tokens(30, 21)
+    first = make_request("a", prompt, max_tokens=2)
+    first.images = (ImageInput("h", 6, 12, torch.zeros(1)),)
+    _chunks(scheduler, runner, first)
+    # Same tokens and image up to 16, inside the image: the hit goes back to the image's first block.
+    branch = make_request("b", prompt[:16] + random_tokens(14, 22), max_tokens=2)
+    branch.images = first.images
+    assert _chunks(scheduler, runner, branch) == [2, 12, 10, 2]
+    assert branch.num_cached_tokens == 4
 
 
 def test_prefix_reuse_for_repeat_branch_and_extension() -> None:

@@ -228,7 +228,7 @@ class KVCacheManager:
         hashes = [] if record is None else record.block_hashes
         if len(hashes) < num_tokens // self.block_size:
             tokens = request.all_token_ids[:num_tokens]
-            hashes = compute_block_hashes(tokens, self.block_size, self.extra_key, hashes)
+            hashes = compute_block_hashes(tokens, self.block_size, self.extra_key, hashes, request.images)
             if record is None:
                 record = self._requests[request.request_id] = _RequestBlocks()
             record.block_hashes = hashes

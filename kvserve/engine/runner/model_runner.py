@@ -14,12 +14,15 @@ from kvserve.engine.outputs import RunnerOutput, ScheduledRequest, SchedulerOutp
 from kvserve.engine.request import Logprob, Request
 from kvserve.engine.runner.batch import build_model_inputs
 from kvserve.engine.runner.device_setup import GRAPH_MEMORY_BYTES, select_attention_backend
+from kvserve.engine.runner.encoder_cache import EncoderCache
+from kvserve.engine.runner.image_rows import ImageEmbedder
 from kvserve.engine.runner.pending_tokens import PendingTokens, PendingTokensBuffers
 from kvserve.engine.runner.token_masks import build_token_masks
 from kvserve.engine.sampler import Sampler, SamplingBatch, is_plain_greedy, logits_and_greedy, make_generator
 from kvserve.models.layers.attention.backend import CapturesDecode
 from kvserve.models.layers.attention.metadata import forward_context
 from kvserve.models.loaded import LoadedModel
+from kvserve.models.vision.interface import ImageInputModel
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class ModelRunner:
         max_num_seqs: int = 1,
         max_model_len: int = 0,
         prefill_attention_dtype: torch.dtype | None = None,
+        encoder_cache_bytes: int = 256 * 2**20,
     ):
         self.model = loaded.model
         self.device = device
@@ -71,6 +75,12 @@ class ModelRunner:
         self._dry_breakers: np.ndarray | None = None  # built at the first DRY row (~0.2 s)
         self._generators: dict[str, torch.Generator | None] = {}
         self._pending_buffers = PendingTokensBuffers(max_num_seqs, device)
+        # A model that takes images: its steps with image tokens run on inputs_embeds; None: never.
+        self.images = (
+            ImageEmbedder(self.model, EncoderCache(encoder_cache_bytes), device)
+            if isinstance(self.model, ImageInputModel)
+            else None
+        )
         # Low-bit decode copies (--weight-quant, CPU): decode rows of a step that also computes prompt
         # tokens run in a forward of their own (see _forward_eager).
         from kvserve.models.layers.quant import WeightOnlyLinear
@@ -93,7 +103,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> RunnerOutput:
         scheduled = scheduler_output.scheduled
-        if self.graphs is not None and self.graphs.can_run(scheduled):
+        if self._graphs_can_run(scheduled):
             logits, greedy_ids = self.graphs.run(scheduled)
             if all(
                 s.samples and s.request.constraint is None and is_plain_greedy(s.request.sampling_params)
@@ -173,7 +183,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
         """The step's logits [num_sampling, vocab] (None when nothing samples) and the requests they
         belong to. Tensor-parallel ranks other than 0 call only this: they compute, rank 0 samples."""
-        if self.graphs is not None and self.graphs.can_run(scheduled):
+        if self._graphs_can_run(scheduled):
             logits, _greedy_ids = self.graphs.run(scheduled)
             return self._sampling_rows(logits, scheduled)
         return self._forward_eager(scheduled)
@@ -193,11 +203,28 @@ class ModelRunner:
             parts = [logits for logits in (decode_logits, prompt_logits) if logits is not None]
             return (torch.cat(parts) if parts else None), decode_rows + prompt_rows
         inputs = build_model_inputs(scheduled, self.block_size, self.device)
+        embeds = (
+            None
+            if self.images is None
+            else self.images.inputs_embeds(scheduled, inputs.input_ids, inputs.attn.query_start_loc_cpu)
+        )
         with forward_context(inputs.attn):
-            hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
+            if embeds is None:  # text: every step of a text model, and image models' text steps
+                hidden = self.model(inputs.input_ids, inputs.positions)  # [num_tokens, hidden_size]
+            else:
+                hidden = self.model(inputs.input_ids, inputs.positions, embeds)
         if not inputs.sampling:
             return None, []
         return self.model.compute_logits(hidden[inputs.logits_indices]), inputs.sampling  # [n, vocab]
+
+    def _graphs_can_run(self, scheduled: list[ScheduledRequest]) -> bool:
+        """A decode graph runs on ids: never for a step with an image token (a one-token chunk can be
+        one, re-prefilling a preempted request)."""
+        return (
+            self.graphs is not None
+            and self.graphs.can_run(scheduled)
+            and (self.images is None or not self.images.touches(scheduled))
+        )
 
     def _sampling_rows(
         self, logits: torch.Tensor, scheduled: list[ScheduledRequest]

@@ -1,0 +1,78 @@
+"""ImageInput: one image of a request, as the engine takes it (preprocessed pixels, no PIL).
+
+Torch-free at import, like `request.py`: the API process's `EngineClient` types name it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    """An image whose encoder rows replace placeholder tokens of the prompt.
+
+    `num_tokens` counts the prompt tokens the image spans, from its first placeholder through its
+    last: where a family puts markers between an image's tiles (Idefics3's `<row_1_col_2>`), they lie
+    inside the span and keep their own embeddings; the span's placeholders take the image's rows in
+    order, and there must be exactly as many as the pixels give rows. Everything the KV of those
+    tokens depends on must be named by `content_hash`: it keys the encoder cache and enters the
+    chain hash of every KV block the span touches (kv_cache/block_hash.py), in RAM and on disk."""
+
+    content_hash: str
+    offset: int  # index in the prompt of the image's first placeholder token
+    num_tokens: int
+    pixel_values: torch.Tensor = field(repr=False)  # [num_tiles, channels, side, side] float32, CPU
+
+    @property
+    def end(self) -> int:
+        """One past the span's last token."""
+        return self.offset + self.num_tokens
+
+    def overlaps(self, start: int, end: int) -> bool:
+        return self.offset < end and start < self.end
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # NOTE: across the engine process's pipe the pixels go as a numpy array, which pickles in
+        # half the time of a tensor (~40 ms against ~70 for SmolVLM's 17 tiles of 512 px, 51 MB:
+        # torch pickles a tensor's storage through torch.save) and comes back without a copy.
+        return (_rebuild, (self.content_hash, self.offset, self.num_tokens, self.pixel_values.numpy()))
+
+
+def _rebuild(content_hash: str, offset: int, num_tokens: int, pixels: Any) -> ImageInput:
+    import torch
+
+    return ImageInput(content_hash, offset, num_tokens, torch.from_numpy(pixels))
+
+
+def check_images(
+    prompt_token_ids: Sequence[int],
+    images: Sequence[ImageInput],
+    image_token_id: int,
+    rows_of: Callable[[torch.Tensor], int],  # pixels -> their encoder rows; ValueError if unusable
+) -> None:
+    """Raise ValueError unless every image's span lies in the prompt, in order, without overlap,
+    starts and ends on a placeholder and holds as many placeholders as its pixels give rows."""
+    previous_end = 0
+    for image in images:
+        if image.num_tokens <= 0 or image.offset < previous_end or image.end > len(prompt_token_ids):
+            raise ValueError(
+                f"image spans must be non-empty, in prompt order and inside the prompt "
+                f"(span [{image.offset}, {image.end}) of a {len(prompt_token_ids)}-token prompt)"
+            )
+        previous_end = image.end
+        span = prompt_token_ids[image.offset : image.end]
+        if span[0] != image_token_id or span[-1] != image_token_id:
+            raise ValueError(f"the image span at {image.offset} must start and end on an image token")
+        num_rows = rows_of(image.pixel_values)
+        num_placeholders = list(span).count(image_token_id)
+        if num_placeholders != num_rows:
+            raise ValueError(
+                f"the image at {image.offset} spans {num_placeholders} image tokens but its pixels give "
+                f"{num_rows} rows"
+            )
