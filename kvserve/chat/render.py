@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jinja2
 from jinja2 import meta, nodes
@@ -22,6 +22,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from kvserve.chat.conversation import ChatRequest, ImagePart, Message, TextPart, ToolResultPart
 from kvserve.chat.hermes_tools import hermes_messages
 from kvserve.chat.system_order import system_before_user
+
+if TYPE_CHECKING:
+    from kvserve.chat.image import Image
 
 # Closing markers that templates wrap tool results in. A result containing its own closer would end
 # the block early, so only that closer is escaped (ref §5.2); `<`, `>`, `&` in code stay as they are.
@@ -113,9 +116,7 @@ class ChatRenderer:
         self.content_as_parts = _wants_content_parts(self._template)
 
     def render(self, request: ChatRequest, add_generation_prompt: bool = True) -> str:
-        messages = system_before_user(request.messages)
-        if not self.renders_tools:
-            messages = hermes_messages(messages, request.active_tools)
+        messages = self._messages(request)
         context: dict[str, Any] = {
             **self.special_tokens,
             "messages": to_template_messages(messages, self.result_closers, self.content_as_parts),
@@ -142,6 +143,17 @@ class ChatRenderer:
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
             # A template written for other message shapes (e.g. content None); the request is at fault.
             raise ChatTemplateError(f"chat template cannot render this conversation: {error}") from error
+
+    def images(self, request: ChatRequest) -> tuple[Image, ...]:
+        """The request's images in the order `render` writes their placeholders."""
+        return tuple(p.image for m in self._messages(request) for p in m.parts if isinstance(p, ImagePart))
+
+    def _messages(self, request: ChatRequest) -> tuple[Message, ...]:
+        """The messages as the template sees them: system first, tools Hermes-style if it has none."""
+        messages = system_before_user(request.messages)
+        if not self.renders_tools:
+            messages = hermes_messages(messages, request.active_tools)
+        return messages
 
 
 _PROBE = "kvserve-probe-7f3a"

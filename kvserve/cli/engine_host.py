@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from kvserve.engine.core import EngineCore
     from kvserve.engine.process_client import EngineLink
     from kvserve.models.loaded import TokenizerInfo
+    from kvserve.models.vision.image_prompt import ImagePromptSpec
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class EngineHandle:
     cache_view: Callable[[], CacheView]
     checkpoint_tokens: Callable[[str], Sequence[int] | None]
     in_process: bool
+    image_prompt: ImagePromptSpec | None = None  # a vision model's prompt layout; None: text only
 
     def shutdown(self) -> None:
         self.client.shutdown()
@@ -94,6 +96,8 @@ def build_warm_engine(config: EngineConfig) -> EngineCore:
 
 
 def _thread_handle(client: AsyncEngineClient) -> EngineHandle:
+    from kvserve.models.vision.image_prompt import image_prompt_spec
+
     core = client.core
     disk = core.disk_tier
 
@@ -114,6 +118,7 @@ def _thread_handle(client: AsyncEngineClient) -> EngineHandle:
         cache_view=console_sources.cache_source(core),
         checkpoint_tokens=lambda checkpoint_id: console_sources.checkpoint_tokens(core, checkpoint_id),
         in_process=True,
+        image_prompt=image_prompt_spec(core.loaded.arch.vision, core.loaded.path),
     )
 
 
@@ -142,6 +147,7 @@ def link_handle(client: EngineLink) -> EngineHandle:
         cache_view=lambda: client.query(CacheViewQuery()),
         checkpoint_tokens=lambda checkpoint_id: client.query(CheckpointTokensQuery(checkpoint_id)),
         in_process=False,
+        image_prompt=info.image_prompt,
     )
 
 

@@ -262,6 +262,8 @@ def build_app_over(
         vocab_size=handle.vocab_size,
         max_tokens_limit=args.max_tokens_limit,
         sampling_defaults=sampling_defaults_from_args(args),
+        supports_images=handle.image_prompt is not None,
+        image_prompt=handle.image_prompt,
     )
     service = ChatService(
         engine,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvserve.engine import ipc
 from kvserve.engine.outputs import EngineOutput, merge_outputs
+from kvserve.models.vision.image_prompt import image_prompt_spec
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -147,6 +148,7 @@ class EngineProcess:
             core.loaded.arch.vocab_size,
             None if disk is None else str(disk.store.directory),
             len(conns),
+            image_prompt_spec(core.loaded.arch.vision, core.loaded.path),
         )
         for link in self.links:
             # `Ready` first on every link; a front end not yet reading its pipe blocks only its own thread.

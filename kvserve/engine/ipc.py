@@ -42,6 +42,7 @@ class EngineInfo:
     vocab_size: int
     disk_dir: str | None  # the disk tier's directory; None without one
     num_front_ends: int = 1  # the API front ends that share the engine (`serve --api-servers`)
+    image_prompt: Any = None  # serving.image_prompt.ImagePromptSpec of a vision model; None: text only
 
 
 # -- front end -> engine -------------------------------------------------------------------

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvserve.chat.conversation import ChatRequest
 from kvserve.reasoning import ReasoningSyntax
 from kvserve.serving.engine_protocol import SamplingDefaults
 from kvserve.serving.output_pipeline import PlainTextSegmenter, TextSegmenter
 from kvserve.toolcalls.registry import DEFAULT_SYNTAX
+
+if TYPE_CHECKING:
+    from kvserve.models.vision.image_prompt import ImagePromptSpec
 
 # Given the chat request (tools offered? reasoning on?) and its rendered prompt (does it open a
 # reasoning block?), the parser for the model's output syntax. The default passes text through.
@@ -27,6 +31,9 @@ class ChatServiceSettings:
     max_model_len: int  # prompt + output tokens of one request
     keepalive_s: float = 5.0  # the heartbeat while a prompt prefills (prefill progress, SSE keepalive)
     supports_images: bool = False
+    # A vision model's prompt layout (placeholders expanded per image, each image's token span);
+    # None: images are only checked, never run (a text model refuses them; tests' FakeEngine).
+    image_prompt: ImagePromptSpec | None = None
     # The model's output syntax: the segmenter parses it; forced outputs (tool_choice, response_format)
     # follow `tool_syntax` and `reasoning_syntax`.
     segmenter_factory: SegmenterFactory = plain_text_segmenter

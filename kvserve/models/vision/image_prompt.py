@@ -1,0 +1,86 @@
+"""A chat prompt's images for a vision model (Idefics3 / SmolVLM), in the API process: the chat
+template's `<image>` placeholders expanded per image from its size alone (`image_grid`), each
+image's span in the prompt's tokens, and its tiles for the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvserve.chat.image import Image
+from kvserve.models.vision.config import VisionArchConfig
+from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig, image_grid, process_image
+from kvserve.models.vision.idefics3_prompt import expand_image_placeholders, num_image_tokens
+
+
+def image_prompt_spec(vision: VisionArchConfig | None, path: Path) -> ImagePromptSpec | None:
+    """The spec of a model loaded from `path` (an HF folder; a file's folder); None without vision."""
+    return ImagePromptSpec.for_model(vision, path if path.is_dir() else path.parent)
+
+
+class ImagePromptError(ValueError):
+    """The prompt and its images do not fit together (the API answers it as a 400)."""
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    """An image and its span in the prompt's tokens: from its first image token through its last
+    (engine.image_input.ImageInput's offset and num_tokens)."""
+
+    image: Image
+    offset: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class ImagePromptSpec:
+    """What the front end needs of a vision model to lay out its prompts."""
+
+    image_token_id: int
+    processor: Idefics3ProcessorConfig
+
+    @staticmethod
+    def for_model(vision: VisionArchConfig | None, folder: Path) -> ImagePromptSpec | None:
+        """The spec of a model with `vision` loaded from `folder` (its processor files); None for a
+        text-only model. The processor's tile and token counts must be the encoder's."""
+        if vision is None:
+            return None
+        processor = Idefics3ProcessorConfig.from_folder(folder)
+        if processor.tile_size != vision.image_size or processor.image_seq_len != vision.tokens_per_tile:
+            raise ValueError(
+                f"the image processor's tiles ({processor.tile_size} px, {processor.image_seq_len} tokens) "
+                f"are not the vision encoder's ({vision.image_size} px, {vision.tokens_per_tile} tokens)"
+            )
+        return ImagePromptSpec(vision.image_token_id, processor)
+
+    def expand(self, text: str, images: Sequence[Image]) -> str:
+        """The rendered prompt with each image's tile markers and tokens in place of its `<image>`."""
+        grids = [image_grid(image.width, image.height, self.processor) for image in images]
+        try:
+            return expand_image_placeholders(text, grids, self.processor.image_seq_len)
+        except ValueError as error:  # e.g. an `<image>` typed as text: which image goes where is unknown
+            raise ImagePromptError(str(error)) from None
+
+    def spans(self, token_ids: Sequence[int], images: Sequence[Image]) -> list[PromptImage]:
+        """Each image with its span in the tokenized prompt (the tile markers between its image
+        tokens included), in prompt order."""
+        positions = [i for i, token in enumerate(token_ids) if token == self.image_token_id]
+        seq_len = self.processor.image_seq_len
+        counts = [num_image_tokens(*image_grid(i.width, i.height, self.processor), seq_len) for i in images]
+        if sum(counts) != len(positions):
+            raise ImagePromptError(
+                f"the prompt has {len(positions)} image tokens where its {len(images)} images need {sum(counts)}"
+            )
+        spans, start = [], 0
+        for image, count in zip(images, counts, strict=True):
+            first, last = positions[start], positions[start + count - 1]
+            spans.append(PromptImage(image, first, last - first + 1))
+            start += count
+        return spans
+
+    def pixels(self, image: Image) -> torch.Tensor:
+        """The image's tiles as the encoder reads them (float32 [tiles, 3, side, side])."""
+        return process_image(image.rgb(), self.processor).pixel_values

