@@ -25,14 +25,16 @@ from kvserve.chat.conversation import (
 from kvserve.chat.detokenizer import IncrementalDetokenizer
 from kvserve.chat.render import ChatRenderer, ChatTemplateError
 from kvserve.chat.stop import StopMatcher
-from kvserve.engine.image_input import ImageInput
 from kvserve.grammar.compiler import GrammarCompiler, tokenizer_factory
-from kvserve.models.vision.image_prompt import ImagePromptError, ImagePromptSpec, PromptImage
 from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.constraints import DecodingConstraints
 from kvserve.serving.engine_protocol import (
     CheckpointHint,
     EngineClient,
+    ImageInput,
+    ImagePromptError,
+    ImagePromptSpec,
+    PromptImage,
     SamplingDefaults,
     SamplingParams,
     SamplingParamsError,

@@ -14,7 +14,7 @@ from kvserve.serving.output_pipeline import PlainTextSegmenter, TextSegmenter
 from kvserve.toolcalls.registry import DEFAULT_SYNTAX
 
 if TYPE_CHECKING:
-    from kvserve.models.vision.image_prompt import ImagePromptSpec
+    from kvserve.serving.engine_protocol import ImagePromptSpec
 
 # Given the chat request (tools offered? reasoning on?) and its rendered prompt (does it open a
 # reasoning block?), the parser for the model's output syntax. The default passes text through.

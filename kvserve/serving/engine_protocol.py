@@ -11,18 +11,24 @@ from typing import Any, Protocol
 
 from kvserve.engine.client_protocol import EngineClient
 from kvserve.engine.constraint import TokenConstraint
+from kvserve.engine.image_input import ImageInput
 from kvserve.engine.outputs import EngineOutput
 from kvserve.engine.request import CheckpointHint, Logprob
 from kvserve.engine.request import FinishReason as EngineFinishReason
 from kvserve.engine.sampling_params import SamplingParams, SamplingParamsError
 from kvserve.models.generation_config import SamplingDefaults
+from kvserve.models.vision.image_prompt import ImagePromptError, ImagePromptSpec, PromptImage
 
 __all__ = [
     "CheckpointHint",
     "EngineClient",
     "EngineFinishReason",
     "EngineOutput",
+    "ImageInput",
+    "ImagePromptError",
+    "ImagePromptSpec",
     "Logprob",
+    "PromptImage",
     "SamplingDefaults",
     "SamplingParams",
     "SamplingParamsError",

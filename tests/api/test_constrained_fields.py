@@ -231,7 +231,9 @@ async def test_a_constraint_failure_in_the_engine_is_a_failed_stream() -> None:
     from kvserve.serving.events import Failed
 
     class _Failing(FakeEngine):
-        async def generate(self, request_id, prompt_token_ids, params, constraint=None, checkpoint_hint=None):
+        async def generate(
+            self, request_id, prompt_token_ids, params, constraint=None, checkpoint_hint=None, images=()
+        ):
             yield EngineOutput(request_id, (ord("{"),), num_prompt_tokens=len(prompt_token_ids))
             yield EngineOutput(
                 request_id, (ord("x"),), finish_reason=FinishReason.ERROR, error="token rejected"

@@ -8,6 +8,7 @@ import multiprocessing
 import pickle
 import time
 import typing
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -154,7 +155,9 @@ def test_a_start_failure_or_a_stranger_fails_the_link_start() -> None:
 
 def _fake_core() -> SimpleNamespace:
     """What `EngineProcess` reads of the core before any request."""
-    loaded = SimpleNamespace(tokenizer=None, arch=SimpleNamespace(vocab_size=256))
+    loaded = SimpleNamespace(
+        tokenizer=None, arch=SimpleNamespace(vocab_size=256, vision=None), path=Path(".")
+    )
     return SimpleNamespace(disk_tier=None, loaded=loaded, max_model_len=2048)
 
 

@@ -15,11 +15,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from PIL import Image as PILImage
+
+if TYPE_CHECKING:
+    import torch
 
 # transformers' MAX_IMAGE_SIZE: the resized image's longest edge never exceeds it.
 _MAX_IMAGE_SIZE = 4096
@@ -89,6 +91,8 @@ def process_image(image: PILImage.Image, config: Idefics3ProcessorConfig) -> Pro
     up to the batch's largest image count) never applies."""
     if image.mode != "RGB":
         raise ValueError(f"expected an RGB image (Image.rgb() converts one), got mode {image.mode!r}")
+    import torch  # here: the API process imports this module for `image_grid` without torch
+
     side = config.tile_size
     if config.do_resize:
         image = image.resize(_longest_edge_size(image.size, config.longest_edge), config.resample)

@@ -4,21 +4,33 @@ image's span in the prompt's tokens, and its tiles for the engine."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvserve.chat.image import Image
 from kvserve.models.vision.config import VisionArchConfig
 from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig, image_grid, process_image
 from kvserve.models.vision.idefics3_prompt import expand_image_placeholders, num_image_tokens
 
+if TYPE_CHECKING:
+    import torch
+
 
 def image_prompt_spec(vision: VisionArchConfig | None, path: Path) -> ImagePromptSpec | None:
-    """The spec of a model loaded from `path` (an HF folder; a file's folder); None without vision."""
-    return ImagePromptSpec.for_model(vision, path if path.is_dir() else path.parent)
+    """The spec of a model loaded from `path` (an HF folder; a file's folder); None without vision,
+    and None (logged: the server then refuses images) when the folder's image processor does not
+    fit the encoder, since no prompt could then be laid out for it."""
+    try:
+        return ImagePromptSpec.for_model(vision, path if path.is_dir() else path.parent)
+    except ValueError as error:
+        logger.warning("images are off: %s", error)
+        return None
+
+
+logger = logging.getLogger(__name__)
 
 
 class ImagePromptError(ValueError):
