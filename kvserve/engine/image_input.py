@@ -1,4 +1,8 @@
-"""ImageInput: one image of a request, as the engine takes it (preprocessed pixels, no PIL).
+"""ImageInput: one image of a request, as the engine takes it.
+
+Its pixels come from a `PixelSource`: a tensor of tiles given directly, or (what the front end
+sends: models/vision/image_prompt.py's `TiledImage`) the encoded image and the processor settings,
+tiled only when the encoder cache lacks the image. The tile count is known without the pixels.
 
 Torch-free at import, like `request.py`: the API process's `EngineClient` types name it.
 """
@@ -7,10 +11,49 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
+
+
+class PixelSource(Protocol):
+    """An image's tiles, [num_tiles, channels, side, side] float32 on the CPU."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tiles' shape, known without making them."""
+        ...
+
+    def tensor(self) -> torch.Tensor:
+        """The tiles (may decode and resize the image: called on an encoder-cache miss only)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TensorPixels:
+    """Tiles already made."""
+
+    pixels: torch.Tensor = field(repr=False)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.pixels.shape)
+
+    def tensor(self) -> torch.Tensor:
+        return self.pixels
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # NOTE: across the engine process's pipe the pixels go as a numpy array, which pickles in
+        # half the time of a tensor (~40 ms against ~70 for SmolVLM's 17 tiles of 512 px, 51 MB:
+        # torch pickles a tensor's storage through torch.save) and comes back without a copy.
+        return (_rebuild, (self.pixels.numpy(),))
+
+
+def _rebuild(pixels: Any) -> TensorPixels:
+    import torch
+
+    return TensorPixels(torch.from_numpy(pixels))
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,7 +70,14 @@ class ImageInput:
     content_hash: str
     offset: int  # index in the prompt of the image's first placeholder token
     num_tokens: int
-    pixel_values: torch.Tensor = field(repr=False)  # [num_tiles, channels, side, side] float32, CPU
+    # The tiles: a PixelSource, or a tensor [num_tiles, channels, side, side] (float32, CPU).
+    pixels: PixelSource | torch.Tensor = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not hasattr(self.pixels, "tensor"):  # a tensor given directly
+            if not self.pixels.is_floating_point():  # type: ignore[union-attr]
+                raise ValueError(f"pixel values must be floats, not {self.pixels.dtype}")  # type: ignore[union-attr]
+            object.__setattr__(self, "pixels", TensorPixels(self.pixels))  # type: ignore[arg-type]
 
     @property
     def end(self) -> int:
@@ -37,24 +87,20 @@ class ImageInput:
     def overlaps(self, start: int, end: int) -> bool:
         return self.offset < end and start < self.end
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # NOTE: across the engine process's pipe the pixels go as a numpy array, which pickles in
-        # half the time of a tensor (~40 ms against ~70 for SmolVLM's 17 tiles of 512 px, 51 MB:
-        # torch pickles a tensor's storage through torch.save) and comes back without a copy.
-        return (_rebuild, (self.content_hash, self.offset, self.num_tokens, self.pixel_values.numpy()))
+    @property
+    def pixel_shape(self) -> tuple[int, ...]:
+        return self.pixels.shape  # type: ignore[union-attr]
 
-
-def _rebuild(content_hash: str, offset: int, num_tokens: int, pixels: Any) -> ImageInput:
-    import torch
-
-    return ImageInput(content_hash, offset, num_tokens, torch.from_numpy(pixels))
+    @property
+    def pixel_values(self) -> torch.Tensor:
+        return self.pixels.tensor()  # type: ignore[union-attr]
 
 
 def check_images(
     prompt_token_ids: Sequence[int],
     images: Sequence[ImageInput],
     image_token_id: int,
-    rows_of: Callable[[torch.Tensor], int],  # pixels -> their encoder rows; ValueError if unusable
+    rows_of: Callable[[tuple[int, ...]], int],  # tiles' shape -> their encoder rows; ValueError if unusable
 ) -> None:
     """Raise ValueError unless every image's span lies in the prompt, in order, without overlap,
     starts and ends on a placeholder and holds as many placeholders as its pixels give rows."""
@@ -69,7 +115,7 @@ def check_images(
         span = prompt_token_ids[image.offset : image.end]
         if span[0] != image_token_id or span[-1] != image_token_id:
             raise ValueError(f"the image span at {image.offset} must start and end on an image token")
-        num_rows = rows_of(image.pixel_values)
+        num_rows = rows_of(image.pixel_shape)
         num_placeholders = list(span).count(image_token_id)
         if num_placeholders != num_rows:
             raise ValueError(

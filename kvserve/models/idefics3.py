@@ -73,19 +73,18 @@ class Idefics3ForConditionalGeneration(CausalLMBase):
     def image_token_id(self) -> int:
         return self.vision.image_token_id
 
-    def count_image_rows(self, pixel_values: torch.Tensor) -> int:
-        """Checked before a request is queued: pixel_shuffle needs square tiles whose patch grid the
-        scale factor divides."""
+    def count_image_rows(self, shape: tuple[int, ...]) -> int:
+        """Checked before a request is queued, from the tiles' shape: pixel_shuffle needs square
+        tiles whose patch grid the scale factor divides."""
         vision = self.vision
-        if pixel_values.dim() != 4 or not pixel_values.is_floating_point():
-            shape = tuple(pixel_values.shape)
-            raise ValueError(f"pixel values must be float [num_tiles, channels, side, side], not {shape}")
-        num_tiles, channels, height, width = pixel_values.shape
+        if len(shape) != 4:
+            raise ValueError(f"pixel values must be [num_tiles, channels, side, side], not {tuple(shape)}")
+        num_tiles, channels, height, width = shape
         grid = vision.patch_size * vision.scale_factor
         if num_tiles == 0 or channels != vision.num_channels or height != width or height % grid:
             raise ValueError(
                 f"tiles must be {vision.num_channels}-channel squares whose side is a multiple of {grid} "
-                f"pixels, not {tuple(pixel_values.shape)}"
+                f"pixels, not {tuple(shape)}"
             )
         return num_tiles * (height // grid) ** 2
 

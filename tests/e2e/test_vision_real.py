@@ -178,3 +178,40 @@ def test_hostile_images_get_4xx_and_every_block_returns(url: str) -> None:
         metrics = http.get("/metrics").text
     usage = re.search(r"^kvserve_kv_cache_usage(?:\{[^}]*\})? ([0-9.e+-]+)$", metrics, re.MULTILINE)
     assert usage is not None and float(usage.group(1)) == 0.0
+
+
+def test_an_image_inside_a_tool_result_runs_and_its_next_turn_is_cached(url: str) -> None:
+    """Claude Code's screenshot shape: the image comes back inside a tool_result block."""
+    claude = anthropic.Anthropic(base_url=url, api_key="x")
+    tool = {"name": "screenshot", "description": "Takes a screenshot.", "input_schema": {"type": "object"}}
+    shot = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(_photo(8))}}
+    turns = [
+        {"role": "user", "content": "Look at the screen."},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "screenshot", "input": {}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [shot]}]},
+    ]
+    first = claude.messages.create(model="m", system=SYSTEM, tools=[tool], messages=turns, max_tokens=3)
+    assert first.usage.input_tokens + first.usage.cache_read_input_tokens > 100
+    follow = [*turns, {"role": "assistant", "content": "I see it."}, {"role": "user", "content": "And now?"}]
+    again = claude.messages.create(model="m", system=SYSTEM, tools=[tool], messages=follow, max_tokens=2)
+    total = again.usage.input_tokens + again.usage.cache_read_input_tokens
+    assert again.usage.cache_read_input_tokens >= 0.95 * total
+
+
+def test_after_a_restart_the_image_turn_comes_from_the_disk_tier(folder: Path, tmp_path: Path) -> None:
+    """The same conversation sent to a restarted server over the same KV directory: its prompt,
+    images included, is served from disk (>= 90%), not prefilled again."""
+    args = ["--model", str(folder), "--device", "cpu", "--ctx", "2048", "--generation-config", "none"]
+    args += ["--block-size", str(BLOCK), "--data-dir", str(tmp_path / "data")]
+    args += ["--kv-cache-dir", str(tmp_path / "kv")]
+    images, question = [_photo(9), _photo(10, 40, 30)], "Describe both."
+    with in_process_server(args) as base:
+        first = _chat(base, images, question, max_tokens=2)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+    with in_process_server(args) as base:
+        again = _chat(base, images, question, max_tokens=2)
+    assert again.usage.prompt_tokens == first.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * again.usage.prompt_tokens

@@ -166,6 +166,38 @@ def test_encoder_cache_serves_a_resent_image(saved: SavedIdefics3) -> None:
     assert tokens == _run(_engine(saved.path), other, images)[0]
 
 
+class _CountingTiles:
+    """A PixelSource that counts how often the engine makes its tiles."""
+
+    def __init__(self, pixels: torch.Tensor) -> None:
+        self.pixels, self.made = pixels, 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.pixels.shape)
+
+    def tensor(self) -> torch.Tensor:
+        self.made += 1
+        return self.pixels
+
+
+def test_tiles_are_made_only_when_the_encoder_cache_lacks_the_image(saved: SavedIdefics3) -> None:
+    """What the front end sends is the encoded image (TiledImage): tiling it (0.1-0.35 s for a
+    SmolVLM image) is the engine's, once per encoding; a resent image costs no tiling."""
+    engine = _engine(saved.path)
+    prompt, images = _two_image_prompt(seed=8)
+    sources = [_CountingTiles(image.pixel_values) for image in images]
+    lazy = [
+        ImageInput(i.content_hash, i.offset, i.num_tokens, s) for i, s in zip(images, sources, strict=True)
+    ]
+    tokens, _ = _run(engine, prompt, lazy, "a")
+    assert [s.made for s in sources] == [1, 1]
+    other = _text(10, seed=80) + prompt[10:]
+    _run(engine, other, lazy, "b")
+    assert [s.made for s in sources] == [1, 1]
+    assert tokens == _run(_engine(saved.path), prompt, images)[0]
+
+
 def test_a_step_mixing_text_and_image_requests_gives_each_its_solo_tokens(saved: SavedIdefics3) -> None:
     image_prompt, images = _two_image_prompt(seed=7)
     # The text request holds an image token typed as text: it keeps its own embedding, no image row.

@@ -226,3 +226,29 @@ def test_other_modes_through_image_rgb_equal_transformers(mode: str) -> None:
 def test_non_rgb_image_is_refused(mode: str) -> None:
     with pytest.raises(ValueError, match=f"expected an RGB image .* got mode '{mode}'"):
         process_image(PILImage.new(mode, (8, 8)), Idefics3ProcessorConfig())
+
+
+def test_a_tiled_image_crosses_to_the_engine_as_its_encoded_bytes() -> None:
+    """TiledImage: the shape without tiling, the same tiles as process_image, and a pickle the size
+    of the client's file rather than of the float32 tiles."""
+    import pickle
+
+    from PIL import ImageDraw
+
+    from kvserve.models.vision.image_prompt import TiledImage
+
+    screenshot = PILImage.new("RGB", (1920, 1080), "white")  # a screenshot compresses, as real ones do
+    draw = ImageDraw.Draw(screenshot)
+    for i in range(40):
+        draw.rectangle((i * 40, i * 20, i * 40 + 300, i * 20 + 30), fill=(i * 6, 120, 255 - i * 6))
+        draw.text((i * 40 + 10, i * 20 + 8), f"line {i}: def f(x): return x", fill="black")
+    buffer = io.BytesIO()
+    screenshot.save(buffer, "PNG")
+    data = buffer.getvalue()
+    source = TiledImage(decode_image(data, "image/png", DEFAULT_LIMITS), Idefics3ProcessorConfig())
+    tiles = source.tensor()
+    assert source.shape == tuple(tiles.shape) == (13, 3, 512, 512)
+    assert torch.equal(tiles, process_image(source.image.rgb(), Idefics3ProcessorConfig()).pixel_values)
+    sent = pickle.dumps(source)
+    assert len(sent) < len(data) + 4096 < tiles.numel() * 4 // 100
+    assert torch.equal(pickle.loads(sent).tensor(), tiles)

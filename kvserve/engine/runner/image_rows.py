@@ -80,15 +80,15 @@ class ImageEmbedder:
         rows: dict[str, torch.Tensor] = {}
         missing: dict[tuple[int, ...], list[ImageInput]] = {}  # tile shape -> images to encode
         for image in {image.content_hash: image for image in images}.values():
-            cached = self.cache.get(image.content_hash, self.model.count_image_rows(image.pixel_values))
+            cached = self.cache.get(image.content_hash, self.model.count_image_rows(image.pixel_shape))
             if cached is None:
-                missing.setdefault(tuple(image.pixel_values.shape[1:]), []).append(image)
+                missing.setdefault(image.pixel_shape[1:], []).append(image)
             else:
                 rows[image.content_hash] = cached
         for group in missing.values():
             pixels = torch.cat([image.pixel_values for image in group]).to(self.device)
             encoded = self.model.encode_images(pixels)  # [num_tiles, rows_per_tile, hidden]
-            tiles = [image.pixel_values.shape[0] for image in group]
+            tiles = [image.pixel_shape[0] for image in group]
             for image, per_tile in zip(group, encoded.split(tiles), strict=True):
                 image_rows = per_tile.reshape(-1, per_tile.shape[-1])
                 rows[image.content_hash] = image_rows

@@ -93,6 +93,25 @@ class ImagePromptSpec:
             start += count
         return spans
 
-    def pixels(self, image: Image) -> torch.Tensor:
-        """The image's tiles as the encoder reads them (float32 [tiles, 3, side, side])."""
-        return process_image(image.rgb(), self.processor).pixel_values
+    def tiles(self, image: Image) -> TiledImage:
+        """The image's tiles for the engine, made only where its encoder cache lacks the image."""
+        return TiledImage(image, self.processor)
+
+
+@dataclass(frozen=True)
+class TiledImage:
+    """An image's tiles as a `PixelSource` (engine/image_input.py): what crosses to the engine is
+    the encoded image as the client sent it (a screenshot PNG: a few hundred KB) and the processor
+    settings, not up to 51 MB of float32 tiles; the engine tiles it on an encoder-cache miss only."""
+
+    image: Image
+    processor: Idefics3ProcessorConfig
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        rows, cols = image_grid(self.image.width, self.image.height, self.processor)
+        side = self.processor.tile_size
+        return (rows * cols + 1, 3, side, side)
+
+    def tensor(self) -> torch.Tensor:
+        return process_image(self.image.rgb(), self.processor).pixel_values

@@ -18,8 +18,8 @@ class ImageInputModel(Protocol):
         """The placeholder token each image row replaces."""
         ...
 
-    def count_image_rows(self, pixel_values: torch.Tensor) -> int:
-        """The rows `encode_images` gives these pixels; ValueError for pixels it cannot encode."""
+    def count_image_rows(self, shape: tuple[int, ...]) -> int:
+        """The rows `encode_images` gives tiles of this shape; ValueError for tiles it cannot encode."""
         ...
 
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
