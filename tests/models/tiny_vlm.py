@@ -23,8 +23,20 @@ TOKENS_PER_TILE = (TILE // PATCH) ** 2 // SCALE**2  # 4
 LONGEST_EDGE = 2 * TILE  # an image is resized to at most 2 x 2 tiles (+ the global one)
 
 
-def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
-    """Writes the folder at `path` and returns it."""
+# SmolVLM-256M-Instruct's shapes (a SigLIP-B/16 at 512 px, pixel shuffle x4, SmolLM2-135M's decoder),
+# for benchmarks at real cost with random weights (scripts/vision_bench.py).
+SMOLVLM_256M = {
+    "text": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+             "num_key_value_heads": 3},
+    "vision": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+               "image_size": 512, "patch_size": 16},
+    "scale_factor": 4, "tile": 512, "longest_edge": 2048, "image_seq_len": 64,
+}  # fmt: skip
+
+
+def save_tiny_vlm(path: Path, seed: int = 0, shapes: dict | None = None) -> Path:
+    """Writes the folder at `path` and returns it; `shapes` (SMOLVLM_256M's keys) replaces the tiny
+    ones."""
     import torch
     import transformers
 
@@ -35,19 +47,22 @@ def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
     tokenizer.chat_template = SMOLVLM_TEMPLATE
-    text = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rope_theta=100_000.0,
-        rms_norm_eps=1e-5, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_utterance>"),
-    )  # fmt: skip
-    vision = {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "image_size": TILE, "patch_size": PATCH, "layer_norm_eps": 1e-6,
+    shapes = shapes or {
+        "text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2},
+        "vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "image_size": TILE, "patch_size": PATCH},
+        "scale_factor": SCALE, "tile": TILE, "longest_edge": LONGEST_EDGE, "image_seq_len": TOKENS_PER_TILE,
     }  # fmt: skip
+    text = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=8192, rope_theta=100_000.0, rms_norm_eps=1e-5,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<end_of_utterance>"),
+        **shapes["text"],
+    )  # fmt: skip
     config = transformers.Idefics3Config(
         text_config=text.to_dict(),
-        vision_config=vision,
-        scale_factor=SCALE,
+        vision_config={**shapes["vision"], "layer_norm_eps": 1e-6},
+        scale_factor=shapes["scale_factor"],
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )
     torch.manual_seed(seed)
@@ -60,10 +75,10 @@ def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
                 "image_processor_type": "Idefics3ImageProcessor",
                 "do_convert_rgb": True,
                 "do_resize": True,
-                "size": {"longest_edge": LONGEST_EDGE},
+                "size": {"longest_edge": shapes["longest_edge"]},
                 "resample": 1,
                 "do_image_splitting": True,
-                "max_image_size": {"longest_edge": TILE},
+                "max_image_size": {"longest_edge": shapes["tile"]},
                 "do_rescale": True,
                 "rescale_factor": 1 / 255,
                 "do_normalize": True,
@@ -74,5 +89,5 @@ def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
             indent=1,
         )
     )
-    (path / "processor_config.json").write_text(json.dumps({"image_seq_len": TOKENS_PER_TILE}))
+    (path / "processor_config.json").write_text(json.dumps({"image_seq_len": shapes["image_seq_len"]}))
     return path
