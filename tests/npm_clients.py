@@ -32,6 +32,7 @@ class NpmClient:
 
 CLAUDE_CODE = NpmClient("@anthropic-ai/claude-code", "2.1.332", "claude")
 CODEX = NpmClient("@openai/codex", "0.171.0", "codex")
+PI = NpmClient("@mariozechner/pi-coding-agent", "0.73.1", "pi")
 
 
 def installed_client(client: NpmClient, cache_dir: Path, timeout_s: float = 600) -> Path:
