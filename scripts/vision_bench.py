@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import torch
 from PIL import Image as PILImage
-from PIL import ImageDraw
 
+from kvserve.bench.screenshots import base64_png, screenshot
 from kvserve.models.loader.safetensors import load_hf_model
 from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig, process_image
 from tests.models.tiny_vlm import SMOLVLM_256M, save_tiny_vlm
@@ -51,21 +51,6 @@ def main() -> None:
     print(json.dumps(results["ttft"], indent=1), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
-
-
-def screenshot(seed: int) -> bytes:
-    """A 1920x1080 PNG with text and coloured bars: compresses as a real screenshot does."""
-    image = PILImage.new("RGB", (1920, 1080), "white")
-    draw = ImageDraw.Draw(image)
-    for i in range(40):
-        colour = ((seed * 37 + i * 6) % 256, 120, 255 - i * 6)
-        draw.rectangle((i * 40, i * 25, i * 40 + 400, i * 25 + 20), fill=colour)
-        draw.text(
-            (i * 40 + 10, i * 25 + 5), f"{seed}:{i} def handler(event): return event.body", fill="black"
-        )
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    return buffer.getvalue()
 
 
 def _encoder(folder: Path, num_images: int, device: str) -> dict[str, Any]:
@@ -137,7 +122,7 @@ def _ttft(folder: Path, device: str) -> dict[str, Any]:
     data = tempfile.mkdtemp(prefix="vision-bench-")
     flags = ["--model", str(folder), "--device", device, "--ctx", "4096"]
     flags += ["--generation-config", "none", "--no-kv-cache", "--data-dir", data]
-    image = "data:image/png;base64," + __import__("base64").b64encode(screenshot(100)).decode()
+    image = "data:image/png;base64," + base64_png(screenshot(100))
     turns = {
         "cold": "You describe screenshots.",
         "warm": "You describe screenshots.",  # the same turn again

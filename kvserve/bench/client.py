@@ -37,6 +37,24 @@ class HttpRequest:
     prompt_len: int  # the client's own token count, used when the server reports no usage
 
 
+@dataclass(frozen=True)
+class InlineImage:
+    """An image inside a benchmark message's content list (beside plain `str` text parts);
+    `request_body` writes it in each API's own shape."""
+
+    media_type: str  # e.g. "image/png"
+    data: str  # base64
+
+    def wire(self, api: Api) -> dict[str, Any]:
+        if api is Api.ANTHROPIC:
+            source = {"type": "base64", "media_type": self.media_type, "data": self.data}
+            return {"type": "image", "source": source}
+        return {"type": "image_url", "image_url": {"url": f"data:{self.media_type};base64,{self.data}"}}
+
+
+MessageContent = str | list[str | InlineImage]
+
+
 class IncompleteStreamError(Exception):
     """The stream ended without what a complete response must carry."""
 
@@ -239,7 +257,7 @@ def request_body(
         assert isinstance(prompt, str), "Completions takes a text prompt"
         body["prompt"] = prompt
     else:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else _wire(api, prompt)
         if api is Api.ANTHROPIC:
             system = [m["content"] for m in messages if m["role"] == "system"]
             body["messages"] = [m for m in messages if m["role"] != "system"]
@@ -255,6 +273,19 @@ def request_body(
         if ignore_eos:
             body["ignore_eos"] = True
     return body
+
+
+def _wire(api: Api, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with list content (text and `InlineImage` parts) in `api`'s shape; string content as is,
+    so a conversation without images is sent exactly as before."""
+    return [
+        m if isinstance(m["content"], str) else {**m, "content": _wire_parts(api, m["content"])}
+        for m in messages
+    ]
+
+
+def _wire_parts(api: Api, parts: list[str | InlineImage]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": p} if isinstance(p, str) else p.wire(api) for p in parts]
 
 
 async def warm_up(base_url: str, model: str | None, api: Api) -> RequestResult:

@@ -6,6 +6,9 @@ carry tool results, so each turn re-sends its whole history. Per turn we record 
 the prompt the server reported as cached. Optionally the server is restarted between two turns (only
 when the benchmark started it), which is what the disk KV tier is for. Agents arrive all at once
 (closed loop: each sends its next turn as soon as the last reply ends) or as a Poisson process.
+With `image_turns`, those turns' user messages open with a synthetic screenshot, distinct per (seed,
+agent, turn), and later turns resend it with the history, as agents do: the image's hash is part of
+the prompt's block hashes, so those turns should still be served from the prefix cache.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import json
 import random
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,8 @@ from kvserve.bench.client import (
     STRICT,
     Api,
     HttpRequest,
+    InlineImage,
+    MessageContent,
     StreamRules,
     new_http_client,
     request_body,
@@ -32,6 +38,7 @@ from kvserve.bench.client import (
 )
 from kvserve.bench.datasets import CLAUDE_CODE_FIXTURE, Tokenizer
 from kvserve.bench.metrics import RequestResult
+from kvserve.bench.screenshots import PNG_MEDIA_TYPE, base64_png, screenshot
 from kvserve.bench.serve_bench import LoadShape, arrival_offsets
 
 
@@ -47,6 +54,8 @@ class MultiturnConfig:
     think_time_s: float = 0.0
     seed: int = 0
     fixture: Path = CLAUDE_CODE_FIXTURE  # an Anthropic Messages request body: its system + tools
+    image_turns: tuple[int, ...] = ()  # 1-based turns whose user message carries a screenshot
+    image_size: tuple[int, int] = (1920, 1080)  # (width, height) of those screenshots
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class TurnResult:
     turn: int  # 1-based
     is_after_restart: bool
     result: RequestResult
+    num_images: int = 0  # images this turn's own user message carried (its history may hold more)
 
     @property
     def cached_ratio(self) -> float | None:
@@ -110,6 +120,12 @@ def user_turn_text(
     return f"Tool result (call_{agent}_{turn - 1}, Read):\n```\n{body}\n```\nContinue with the task."
 
 
+def turn_screenshot(seed: int, agent: int, turn: int, size: tuple[int, int]) -> InlineImage:
+    """The screenshot of one (seed, agent, turn): the same bytes on every run, distinct across turns."""
+    key = zlib.crc32(f"{seed}/{agent}/{turn}".encode())
+    return InlineImage(PNG_MEDIA_TYPE, base64_png(screenshot(key, size)))
+
+
 class AgentSession:
     """One agent's growing conversation."""
 
@@ -119,7 +135,14 @@ class AgentSession:
         self.is_broken = False  # a failed turn ends the session: its history would be made up
 
     def prompt_len_estimate(self, tokenizer: Tokenizer) -> int:
-        return sum(len(tokenizer.encode(m["content"], add_special_tokens=False)) for m in self.messages)
+        """Text tokens only: an image's token count depends on the server's processor (tiling), so
+        images are left out; the estimate only stands in when the server reports no usage."""
+        return sum(
+            len(tokenizer.encode(part, add_special_tokens=False))
+            for m in self.messages
+            for part in ([m["content"]] if isinstance(m["content"], str) else m["content"])
+            if isinstance(part, str)
+        )
 
 
 @dataclass(frozen=True)
@@ -140,6 +163,14 @@ class MultiturnBench:
         self.target, self.tokenizer, self.config, self.progress = target, tokenizer, config, progress
         self.text = load_session_text(tokenizer, config.prefix_tokens, config.fixture)
         self.sessions = [AgentSession(a, self.text.system_prompt) for a in range(config.num_agents)]
+        # Drawn up front: a 1920x1080 PNG takes ~0.1 s, which inside the event loop would delay
+        # reading the other agents' streams and inflate their TTFTs.
+        self.screenshots = {
+            (a, t): turn_screenshot(config.seed, a, t, config.image_size)
+            for a in range(config.num_agents)
+            for t in config.image_turns
+            if t <= config.num_turns
+        }
 
     def run(self, restart: Callable[[], object] | None = None) -> list[TurnResult]:
         """All turns; `restart` (blocking) is called after `restart_after_turn` when both are given."""
@@ -184,7 +215,10 @@ class MultiturnBench:
         self, http: Any, session: AgentSession, turn: int, is_after_restart: bool
     ) -> TurnResult:
         c = self.config
-        user = user_turn_text(self.tokenizer, self.text, session.agent, turn, c.user_tokens, c.seed)
+        text = user_turn_text(self.tokenizer, self.text, session.agent, turn, c.user_tokens, c.seed)
+        image = self.screenshots.get((session.agent, turn))
+        images = [image] if image else []
+        user: MessageContent = [*images, text] if images else text  # the image before the text
         session.messages.append({"role": "user", "content": user})
         body = request_body(
             self.target.api,
@@ -199,7 +233,7 @@ class MultiturnBench:
             session.messages.append({"role": "assistant", "content": result.generated_text})
         else:
             session.is_broken = True
-        return TurnResult(session.agent, turn, is_after_restart, result)
+        return TurnResult(session.agent, turn, is_after_restart, result, len(images))
 
 
 @dataclass(frozen=True)
@@ -208,6 +242,7 @@ class TurnSummary:
     num_ok: int
     num_failed: int
     is_after_restart: bool
+    has_image: bool  # the turn's user messages carried a screenshot
     p50_ttft_ms: float | None
     mean_ttft_ms: float | None
     p50_cached_ratio: float | None  # None when the server reports no cached tokens
@@ -229,6 +264,7 @@ def summarize_turns(results: list[TurnResult]) -> list[TurnSummary]:
                 num_ok=len(ok),
                 num_failed=len(rows) - len(ok),
                 is_after_restart=any(r.is_after_restart for r in rows),
+                has_image=any(r.num_images for r in rows),
                 p50_ttft_ms=statistics.median(ttfts) if ttfts else None,
                 mean_ttft_ms=statistics.fmean(ttfts) if ttfts else None,
                 p50_cached_ratio=statistics.median(ratios) if ratios else None,

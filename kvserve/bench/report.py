@@ -58,14 +58,16 @@ def multiturn_table(by_label: dict[str, list[TurnSummary]], title: str) -> Table
     )
     turns = sorted({t.turn for summaries in by_label.values() for t in summaries})
     for turn in turns:
-        cells_ttft, cells_cached, restart = [], [], False
+        cells_ttft, cells_cached, restart, image = [], [], False, False
         for summaries in by_label.values():
             row = next((t for t in summaries if t.turn == turn), None)
             restart = restart or bool(row and row.is_after_restart)
+            image = image or bool(row and row.has_image)
             cells_ttft.append(_fmt(row.p50_ttft_ms) if row else "-")
             ratio = row.p50_cached_ratio if row else None
             cells_cached.append(f"{ratio:.0%}" if ratio is not None else "-")
-        table.add_row(f"{turn}{' (after restart)' if restart else ''}", *cells_ttft, *cells_cached)
+        notes = " (image)" * image + " (after restart)" * restart
+        table.add_row(f"{turn}{notes}", *cells_ttft, *cells_cached)
     return table
 
 
@@ -76,6 +78,7 @@ def multiturn_rows(label: str, results: list[TurnResult]) -> list[dict[str, obje
             "agent": r.agent,
             "turn": r.turn,
             "after_restart": r.is_after_restart,
+            "images": r.num_images,
             "ok": r.result.is_success,
             "ttft_ms": r.result.ttft * 1000.0,
             "e2el_ms": r.result.latency * 1000.0,

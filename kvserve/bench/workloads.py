@@ -86,6 +86,8 @@ def make(args: argparse.Namespace, tokenizer: BenchTokenizer) -> Workload:
             think_time_s=args.think_time,
             seed=args.seed,
             fixture=args.fixture,
+            image_turns=args.image_turns,
+            image_size=args.image_size,
         )
         return MultiturnWorkload(common, tokenizer, config)
     if common.api is not Api.COMPLETIONS:

@@ -102,7 +102,35 @@ def _add_multiturn_args(p: argparse.ArgumentParser) -> None:
         "--session-rate", type=float, default=None, help="Poisson agent arrivals/s (default: closed loop)"
     )
     p.add_argument("--think-time", type=float, default=0.0, help="seconds an agent waits between turns")
+    p.add_argument(
+        "--image-turns",
+        type=_turn_list,
+        default=(),
+        metavar="N,M",
+        help="turns whose user message opens with a synthetic screenshot, resent with the history "
+        "(e.g. 1,3; default: none, text only)",
+    )
+    p.add_argument(
+        "--image-size", type=_image_size, default=(1920, 1080), metavar="WxH", help="screenshot size"
+    )
     _add_fixture(p)
+
+
+def _turn_list(text: str) -> tuple[int, ...]:
+    try:
+        turns = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated turn numbers, got {text!r}") from None
+    if any(t < 1 for t in turns):
+        raise argparse.ArgumentTypeError("turns are numbered from 1")
+    return turns
+
+
+def _image_size(text: str) -> tuple[int, int]:
+    width, _, height = text.lower().partition("x")
+    if not (width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, e.g. 1920x1080, got {text!r}")
+    return int(width), int(height)
 
 
 def _add_context_args(p: argparse.ArgumentParser) -> None:
