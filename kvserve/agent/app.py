@@ -39,7 +39,7 @@ class AgentApp:
         ctx = ToolContext(Workspace.create(options.cwd, options.allowed_paths), self.cancel)
         policy = ConfirmPolicy(options.is_yes, options.allowed_tools)
         confirmer = confirmer or TimedPrompt(timeout_s=options.confirm_timeout_s, cancel=self.cancel)
-        self.toolbox = Toolbox(ctx, policy, confirmer, _web_tools(ctx))
+        self.toolbox = Toolbox(ctx, policy, confirmer, _optional_tools(ctx, info.supports_images))
         config = LoopConfig(
             info.context_length or options.fallback_ctx,
             options.max_tokens,
@@ -80,10 +80,16 @@ class AgentApp:
         self.client.close()
 
 
-def _web_tools(ctx: ToolContext) -> list:
+def _optional_tools(ctx: ToolContext, supports_images: bool) -> list:
+    """`visit_page` when Chromium is installed, `view_image` when the server's model takes images."""
     from kvserve.agent.tools.web import web_tools
 
-    return web_tools(ctx)
+    tools = web_tools(ctx)
+    if supports_images:
+        from kvserve.agent.tools.images import image_tools
+
+        tools += image_tools(ctx)
+    return tools
 
 
 def run_print_mode(url: str, options: AgentOptions) -> int:

@@ -38,6 +38,7 @@ class ServerInfo:
     model: str
     context_length: int | None
     is_kvserve: bool
+    supports_images: bool = False  # the entry's `modalities.vision` (kvserve; llama-server's shape)
 
 
 class ModelClient:
@@ -53,7 +54,8 @@ class ModelClient:
         self.model = model
 
     def server_info(self) -> ServerInfo:
-        """The served model and its context length from `/v1/models` (kvserve and vLLM report it)."""
+        """The served model, its context length (kvserve and vLLM report it) and whether it takes images
+        (`modalities.vision`, kvserve only) from `/v1/models`."""
         try:
             response = self.http.get(f"{self._v1}/models")
             response.raise_for_status()
@@ -63,7 +65,11 @@ class ModelClient:
         entry = next((m for m in data if m.get("id") == self.model), data[0])
         ctx = entry.get("context_length") or entry.get("max_model_len")
         model = self.model or entry.get("id") or "default"
-        return ServerInfo(model, ctx if isinstance(ctx, int) else None, entry.get("owned_by") == "kvserve")
+        modalities = entry.get("modalities")
+        vision = isinstance(modalities, dict) and modalities.get("vision") is True
+        return ServerInfo(
+            model, ctx if isinstance(ctx, int) else None, entry.get("owned_by") == "kvserve", vision
+        )
 
     def stream(self, request: ModelRequest, cancel: threading.Event) -> Iterator[StreamEvent]:
         """The response's events; ends with `Finished("cancelled")` when `cancel` is set."""

@@ -16,6 +16,8 @@ TRIGGER_FRACTION = 0.85
 MAX_RESERVE_TOKENS = 8192
 MAX_TAIL_TOKENS = 50_000
 MAX_SUMMARY_TOKENS = 4096
+# What an image in a tool result costs the prompt, roughly (an Idefics3 image: up to 17 tiles of 64).
+IMAGE_TOKENS = 1100
 
 
 @dataclass
@@ -29,7 +31,9 @@ class TokenEstimator:
             self.chars_per_token = max(1.0, num_chars / num_tokens)
 
     def tokens(self, messages: list[Message]) -> int:
-        return int(sum(message_chars(m) for m in messages) / self.chars_per_token) + 4 * len(messages)
+        num_images = sum(1 for m in messages if m.image)
+        chars = sum(message_chars(m) for m in messages)
+        return int(chars / self.chars_per_token) + 4 * len(messages) + IMAGE_TOKENS * num_images
 
 
 def message_chars(message: Message) -> int:

@@ -158,7 +158,7 @@ class Agent:
                     outcome = ToolOutcome(f"{outcome.text}\n{prompts.INTERRUPTED}", is_error=True)
                 self.observer.on_tool_end(call, outcome)
             self.session.messages.append(
-                Message("tool", outcome.text, tool_call_id=call.call_id, name=call.name)
+                Message("tool", outcome.text, tool_call_id=call.call_id, name=call.name, image=outcome.image)
             )
         return not self.cancel.is_set()
 
@@ -267,6 +267,11 @@ def _merged(first: Message, second: Message) -> Message:
 
 
 def _elided(message: Message) -> Message:
-    if message.role != "tool" or len(message.content) <= ELIDED_TOOL_CHARS:
+    if message.role != "tool" or (len(message.content) <= ELIDED_TOOL_CHARS and not message.image):
         return message
-    return replace(message, content=message.content[:ELIDED_TOOL_CHARS] + "\n[… elided for compaction]")
+    content = message.content
+    if len(content) > ELIDED_TOOL_CHARS:
+        content = content[:ELIDED_TOOL_CHARS] + "\n[… elided for compaction]"
+    return replace(
+        message, content=content + ("\n[image elided for compaction]" if message.image else ""), image=None
+    )

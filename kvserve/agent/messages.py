@@ -35,6 +35,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None  # role "tool": the call this answers
     name: str | None = None  # role "tool": the tool's name (Anthropic needs none, logs like it)
+    image: str | None = None  # role "tool": a `data:image/...;base64,` URI the result shows (view_image)
     is_internal: bool = False  # written by the agent itself (compaction notes, retry hints)
 
     def to_json(self) -> dict[str, Any]:

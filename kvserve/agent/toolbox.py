@@ -8,7 +8,7 @@ from typing import Any
 
 from kvserve.agent.confirm import Confirmer, ConfirmPolicy
 from kvserve.agent.messages import ToolCall
-from kvserve.agent.tools.base import Args, Tool, ToolContext
+from kvserve.agent.tools.base import Args, ImageResult, Tool, ToolContext
 from kvserve.agent.tools.bash import Shell, bash_tools
 from kvserve.agent.tools.editing import FileEditor, editing_tools
 from kvserve.agent.tools.files import FileReader, file_tools
@@ -23,6 +23,7 @@ class ToolOutcome:
     text: str
     is_error: bool = False
     was_denied: bool = False
+    image: str | None = None  # a data: URI shown to the model with the text (view_image)
 
 
 class Toolbox:
@@ -59,11 +60,14 @@ class Toolbox:
         if needs_asking and not self.confirmer(f"allow {tool.summarize(values)}?"):
             return ToolOutcome("the user denied this tool call; do not retry it unchanged", True, True)
         try:
-            return ToolOutcome(tool.handler(Args(tool.name, values)))
+            result = tool.handler(Args(tool.name, values))
         except ToolError as error:
             return ToolOutcome(f"error: {error}", True)
         except OSError as error:  # permissions, disk full, ...: the model can adapt
             return ToolOutcome(f"error: {call.name}: {error.strerror or error}", True)
+        if isinstance(result, ImageResult):
+            return ToolOutcome(result.text, image=result.data_uri)
+        return ToolOutcome(result)
 
     def close(self) -> None:
         self.jobs.close()

@@ -38,7 +38,13 @@ def openai_body(request: ModelRequest, model: str) -> dict[str, Any]:
 
 def _openai_message(message: Message) -> dict[str, Any]:
     if message.role == "tool":
-        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+        content: Any = message.content
+        if message.image:
+            content = [
+                {"type": "text", "text": message.content},
+                {"type": "image_url", "image_url": {"url": message.image}},
+            ]
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": content}
     wire: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
         wire["content"] = message.content or None
@@ -90,7 +96,12 @@ def _anthropic_messages(messages: list[Message]) -> list[dict[str, Any]]:
 
 def _anthropic_blocks(message: Message) -> list[dict[str, Any]]:
     if message.role == "tool":
-        return [{"type": "tool_result", "tool_use_id": message.tool_call_id, "content": message.content}]
+        content: Any = message.content
+        if message.image:
+            media_type, _, data = message.image.removeprefix("data:").partition(";base64,")
+            source = {"type": "base64", "media_type": media_type, "data": data}
+            content = [{"type": "text", "text": message.content}, {"type": "image", "source": source}]
+        return [{"type": "tool_result", "tool_use_id": message.tool_call_id, "content": content}]
     blocks: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
     for call in message.tool_calls:
         try:

@@ -32,6 +32,8 @@ def _model_json(request: Request) -> dict[str, Any]:
         # What a request that leaves a sampling parameter out gets, and where each value comes from
         # (--generation-config), like llama-server's /props default_generation_settings.
         "sampling_defaults": service.settings.sampling_defaults.to_json(),
+        # Whether requests may carry images (chat/image.py), as llama-server's /props reports it.
+        "modalities": {"vision": service.settings.supports_images, "audio": False},
     }
 
 

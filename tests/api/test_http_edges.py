@@ -95,6 +95,7 @@ async def test_models_health_head_and_tokenize(harness: Harness) -> None:
     models = (await harness.http.get("/v1/models?x=1")).json()
     assert models["object"] == "list" and models["data"][0]["id"] == MODEL
     assert models["data"][0]["context_length"] == 4096
+    assert models["data"][0]["modalities"] == {"vision": False, "audio": False}  # a text model
     defaults = models["data"][0]["sampling_defaults"]  # a service without defaults: the APIs' own
     assert defaults["values"]["temperature"] == 1.0 and defaults["sources"] == {}
     listed = await harness.openai.models.list()

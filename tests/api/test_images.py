@@ -88,6 +88,11 @@ def responses_image(media_type: str, data: str) -> dict[str, Any]:
 # -- accepted --------------------------------------------------------------------------------
 
 
+async def test_models_listing_reports_vision(vision: Vision) -> None:
+    entry = (await vision.h.http.get("/v1/models")).json()["data"][0]
+    assert entry["modalities"] == {"vision": True, "audio": False}  # llama-server's /props shape
+
+
 @pytest.mark.parametrize("kind", IMAGES)
 async def test_every_format_passes_in_every_api(vision: Vision, kind: str) -> None:
     media_type, data = IMAGES[kind]

@@ -57,7 +57,15 @@ class ToolContext:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
-Handler = Callable[[Args], str]
+@dataclass(frozen=True)
+class ImageResult:
+    """A tool result that shows the model an image beside its text (view_image)."""
+
+    text: str
+    data_uri: str  # data:image/...;base64,...
+
+
+Handler = Callable[[Args], str | ImageResult]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ class FileReader:
         path = self.ctx.workspace.resolve(args.text("path"))
         start = args.integer("start_line", 1, 1, 1 << 40)
         count = args.integer("max_lines", 500, 1, MAX_LINES)
-        _check_regular_file(path, args.values["path"])
+        check_regular_file(path, args.values["path"])
         if is_binary(path):
             size = path.stat().st_size
             raise ToolError(f"{args.values['path']}: binary file ({size} bytes), not shown")
@@ -95,7 +95,7 @@ class FileReader:
         return "\n".join([header, *lines])
 
 
-def _check_regular_file(path: Path, shown: str) -> None:
+def check_regular_file(path: Path, shown: str) -> None:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:

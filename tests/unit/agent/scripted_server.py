@@ -16,6 +16,7 @@ from kvserve.serving.chat_service import ChatService
 from kvserve.serving.chat_settings import ChatServiceSettings
 from kvserve.serving.segmenter import OutputSyntax
 from tests.api.fake_engine import ByteTokenizer, FakeEngine, FakeTokenizerInfo, reply
+from tests.api.test_images import VISION_TEMPLATE
 
 SUMMARY = "SUMMARY: the user asked for things; files were read."
 
@@ -57,8 +58,10 @@ def scripted_server(
     fail_after: int | None = None,
     num_prefill_chunks: int = 0,
     chunk_delay_s: float = 0.0,
+    supports_images: bool = False,
 ) -> Iterator[ScriptedServer]:
-    """`num_prefill_chunks` progress outputs `chunk_delay_s` apart before each reply's first token."""
+    """`num_prefill_chunks` progress outputs `chunk_delay_s` apart before each reply's first token;
+    `supports_images`: a vision model, whose prompt writes each image as `<image>`."""
     script = Script(list(replies))
     engine = FakeEngine(
         script,
@@ -68,11 +71,14 @@ def scripted_server(
         chunk_delay_s=chunk_delay_s,
     )
     syntax = OutputSyntax.detect(None, "hermes")
-    service = ChatService(
-        engine,
-        FakeTokenizerInfo(),
-        ChatServiceSettings(model_name="scripted", max_model_len=ctx, segmenter_factory=syntax.segmenter),
+    settings = ChatServiceSettings(
+        model_name="scripted",
+        max_model_len=ctx,
+        segmenter_factory=syntax.segmenter,
+        supports_images=supports_images,
     )
+    tokenizer = FakeTokenizerInfo(chat_template=VISION_TEMPLATE if supports_images else None)
+    service = ChatService(engine, tokenizer, settings)
     app = create_app(service, ApiSettings(served_model_name="scripted"))
     with serve_in_thread(app) as (url, _server):
         yield ScriptedServer(url, engine, script)

@@ -125,3 +125,20 @@ def test_sse_comments_are_keepalives_or_kvserve_prefill_counts() -> None:
     assert decode_comment(" keepalive") == Waiting()
     assert decode_comment(" prefill_progress {broken") == Waiting()  # another server's comment
     assert decode_comment(' prefill_progress {"total":1}') == Waiting()
+
+
+def test_an_image_tool_result_in_both_apis() -> None:
+    uri = "data:image/png;base64,iVBORw0KGgo="
+    shown = (
+        Message("tool", "a.png: image/png, 2x1 pixels", tool_call_id="call_1", name="view_image", image=uri),
+    )
+    text = {"type": "text", "text": "a.png: image/png, 2x1 pixels"}
+    assert openai_body(ModelRequest(shown, (), 10), "m")["messages"][0]["content"] == [
+        text,
+        {"type": "image_url", "image_url": {"url": uri}},
+    ]
+    result = anthropic_body(ModelRequest(shown, (), 10), "m")["messages"][0]["content"][0]
+    assert result["tool_use_id"] == "call_1" and result["content"] == [
+        text,
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+    ]
