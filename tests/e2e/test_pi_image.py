@@ -49,7 +49,7 @@ def vision_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]
 
 
 def test_pi_sends_a_screenshot_twice(pi: Path, vision_served: Proxied, tmp_path: Path) -> None:
-    from scripts.vision_bench import screenshot
+    from kvserve.bench.screenshots import screenshot
 
     env = _client_env(tmp_path)
     settings = Path(env["HOME"]) / ".pi" / "agent"
