@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvserve.engine.kv_cache.block_hash import BlockHash
 from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
-from kvserve.kvstore.checkpoint import CheckpointMeta, ChunkSpan, SaveReason
+from kvserve.kvstore.checkpoint import CheckpointMeta, ChunkSpan, SaveReason, TextKey
 from kvserve.kvstore.checkpoint_store import CheckpointStore, ChunkUnavailableError
 from kvserve.kvstore.writer import SaveJob
+
+if TYPE_CHECKING:
+    from kvserve.engine.image_input import ImageInput
 
 CopyOut = Callable[[list[int]], list[torch.Tensor]]  # ModelRunner.copy_blocks_out
 
@@ -124,6 +128,20 @@ def build_save_job(
 
 
 def new_meta(
-    store: CheckpointStore, text_of: Callable[[Sequence[int]], str], token_ids: list[int], reason: SaveReason
+    store: CheckpointStore,
+    text_of: Callable[[Sequence[int]], str],
+    token_ids: list[int],
+    reason: SaveReason,
+    images: Sequence[ImageInput] = (),
 ) -> CheckpointMeta:
-    return CheckpointMeta.new(store.identity, text_of(token_ids), len(token_ids), reason)
+    """A checkpoint's id is its text's SHA1 (one checkpoint per rendered text, as in the reference).
+    The text of an image prompt holds only placeholders, so the images' content hashes and offsets
+    are appended to what is hashed: the same text with another image is another checkpoint, not a
+    duplicate that is skipped. (Such an id never matches a text-prefix lookup; image prompts find
+    their KV by block hashes, which carry the images.)"""
+    text = text_of(token_ids)
+    key = TextKey.of(text)
+    if images:
+        salted = TextKey.of(text + "\x00" + ";".join(f"{i.content_hash}@{i.offset}" for i in images))
+        key = TextKey(salted.sha1, key.num_bytes)
+    return CheckpointMeta.new(store.identity, key, len(token_ids), reason)

@@ -393,7 +393,8 @@ class DiskTier:
             )
         else:
             hashes = self.kv.block_hashes(request, num_tokens)
-        sequence = CachedSequence(request.all_token_ids[:num_tokens], hashes)
+        images = tuple(image for image in request.images if image.offset < num_tokens)
+        sequence = CachedSequence(request.all_token_ids[:num_tokens], hashes, images)
         written = self._save(sequence, reason, block, session_id)
         if written:
             self._record(request.request_id).num_written_tokens += written
@@ -404,11 +405,11 @@ class DiskTier:
         """Submit a checkpoint; returns how many tokens of KV it sends to disk (0: none or skipped).
         With a `session_id`, the session's previous checkpoint (this process's) is deleted once this
         one is stored: a session resumes from its latest turn, never an older one."""
-        token_ids, hashes = sequence
+        token_ids, hashes, images = sequence
         if len(token_ids) < self.policy.min_tokens or self._closed:
             return 0
         try:
-            meta = new_meta(self.store, self.text_of, token_ids, reason)
+            meta = new_meta(self.store, self.text_of, token_ids, reason, images)
             if self.store.get(meta.checkpoint_id) is not None:
                 return 0
             block_ids = resolve_block_ids(self.kv, hashes, self._evicted)

@@ -297,6 +297,27 @@ def test_image_kv_from_disk_after_a_restart_only_for_the_same_image(
     again.shutdown()
 
 
+def test_the_same_text_with_another_image_is_its_own_checkpoint(saved: SavedIdefics3, tmp_path: Path) -> None:
+    """A checkpoint's id is its text's hash, and two image prompts can render to the same text: the
+    images' hashes name the checkpoint too, so the second is stored, not skipped as a duplicate,
+    and after a restart each image's prompt comes whole from disk."""
+    store = KVStoreConfig(
+        directory=str(tmp_path / "kv"), chunk_tokens=8, min_tokens=8, align_tokens=8, preload_fraction=0.0
+    )
+    prompt, images = _two_image_prompt(seed=12)
+    changed = [images[0], _image(prompt, 30, 1, seed=98)]
+    first = _engine(saved.path, kv_store=store)
+    one = SamplingParams(temperature=0.0, max_tokens=1)  # the saved tokens are the prompt's alone
+    first.generate([first.make_request("a", prompt, one, images=images)])
+    first.generate([first.make_request("b", prompt, one, images=changed)])
+    first.shutdown()
+    for name, which in (("same", images), ("changed", changed)):
+        engine = _engine(saved.path, kv_store=store)
+        _, request = _run(engine, prompt, which, name)
+        assert request.num_cached_tokens == (len(prompt) - 1) // 8 * 8 > which[-1].end, name
+        engine.shutdown()
+
+
 @pytest.mark.parametrize("transport", ["thread", "process"])
 def test_images_reach_the_engine_through_either_client(saved: SavedIdefics3, transport: str) -> None:
     prompt, images = _two_image_prompt(seed=11)

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
 from kvserve.engine.kv_cache.block_pool import Block, BlockPool, EvictCallback
 from kvserve.engine.request import Request
 
+if TYPE_CHECKING:
+    from kvserve.engine.image_input import ImageInput
+
 
 class CachedSequence(NamedTuple):
-    """A released request's registered full blocks: tokens and their chain hashes (for the disk tier)."""
+    """A released request's registered full blocks: tokens and their chain hashes (for the disk tier),
+    and the images whose spans start among those tokens (they name a checkpoint beside its text)."""
 
     token_ids: list[int]
     block_hashes: list[BlockHash]
+    images: tuple[ImageInput, ...] = ()
 
 
 class ComputedBlocks(NamedTuple):
@@ -184,9 +189,9 @@ class KVCacheManager:
             return
         num_cached = record.num_cached_blocks
         if self._on_free is not None and num_cached:
-            sequence = CachedSequence(
-                request.all_token_ids[: num_cached * self.block_size], record.block_hashes[:num_cached]
-            )
+            tokens = request.all_token_ids[: num_cached * self.block_size]
+            images = tuple(image for image in request.images if image.offset < len(tokens))
+            sequence = CachedSequence(tokens, record.block_hashes[:num_cached], images)
             self._on_free(request, sequence)
         self.pool.free(record.blocks)
 
