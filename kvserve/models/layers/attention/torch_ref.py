@@ -50,7 +50,8 @@ class _PrefillPlan:
     block_ids: torch.Tensor | None  # [num_blocks]; None: no context yet, attend over this step's k/v
     num_keys: int
     mask: torch.Tensor | None  # [num_queries, num_keys] bool; None: plain causal (is_causal=True)
-    # For CpuPrefillKernel: the sequence's blocks from position 0, its cached length and the window.
+    # Set when planned for CpuPrefillKernel (no mask is built then): the sequence's blocks from
+    # position 0, its cached length and the window.
     block_table: torch.Tensor | None = None
     context_len: int = 0
     window: int | None = None
@@ -144,8 +145,9 @@ class TorchRefBackend:
         scale: float,
     ) -> torch.Tensor:
         dtype = self.prefill_dtype or q.dtype
-        kernel = self._prefill_kernel(dtype, cache)
-        if kernel is not None and plan.block_table is not None:
+        if plan.block_table is not None:  # planned for the C++ kernel
+            kernel = self._prefill_kernel(dtype, cache)
+            assert kernel is not None
             rows = q[plan.query_start : plan.query_end]
             return kernel(rows, cache, plan.block_table, plan.context_len, scale, plan.window)
         group = q.shape[1] // k.shape[1]
@@ -177,8 +179,9 @@ class TorchRefBackend:
             else:
                 self._rows = self._plan_rows(metadata, cache)
         plan = self._plans.get(window)
+        kernel = self._prefill_kernel(self.prefill_dtype or dtype, cache) is not None
         if plan is None and all_prefill:
-            prefills = tuple(_plan_prefill(metadata, i, window) for i in range(metadata.num_seqs))
+            prefills = tuple(_plan_prefill(metadata, i, window, kernel) for i in range(metadata.num_seqs))
             plan = self._plans[window] = _Plan(None, prefills, all_prefill=True)
         if plan is None:
             workspace = None
@@ -188,7 +191,7 @@ class TorchRefBackend:
             if metadata.num_decodes and workspace is None:
                 decode = _plan_decode(metadata, window)
             prefill_ids = range(metadata.num_decodes, metadata.num_seqs)
-            prefills = tuple(_plan_prefill(metadata, i, window) for i in prefill_ids)
+            prefills = tuple(_plan_prefill(metadata, i, window, kernel) for i in prefill_ids)
             plan = self._plans[window] = _Plan(decode, prefills, workspace)
         return plan
 
@@ -244,13 +247,19 @@ def _plan_workspace(rows: RowPlan, window: int | None, dtype: torch.dtype) -> _W
     return _WorkspacePlan(rows, key_start, visible.shape[1], mask[:, None, None, :])
 
 
-def _plan_prefill(metadata: AttentionMetadata, seq_idx: int, window: int | None) -> _PrefillPlan:
+def _plan_prefill(
+    metadata: AttentionMetadata, seq_idx: int, window: int | None, for_kernel: bool = False
+) -> _PrefillPlan:
+    """`for_kernel`: for CpuPrefillKernel, which masks by position and reads the blocks itself, so
+    neither the mask nor the gathered block ids are made."""
     query_start, query_end = metadata.query_start_loc_cpu[seq_idx : seq_idx + 2]
     context_len, seq_len = metadata.context_lens_cpu[seq_idx], metadata.seq_lens_cpu[seq_idx]
     block_size = metadata.block_size
-    table = metadata.block_tables[seq_idx, : -(-seq_len // block_size)]
-    if context_len == 0 and (window is None or window >= seq_len):
+    if for_kernel:
+        table = metadata.block_tables[seq_idx, : -(-seq_len // block_size)]
         return _PrefillPlan(query_start, query_end, None, seq_len, None, table, context_len, window)
+    if context_len == 0 and (window is None or window >= seq_len):
+        return _PrefillPlan(query_start, query_end, None, seq_len, None)
     first_block = _first_visible_block(context_len, block_size, window)
     key_start = first_block * block_size
     block_ids = None
@@ -262,9 +271,7 @@ def _plan_prefill(metadata: AttentionMetadata, seq_idx: int, window: int | None)
     visible = key_pos <= query_pos
     if window is not None:
         visible &= key_pos > query_pos - window
-    return _PrefillPlan(
-        query_start, query_end, block_ids, seq_len - key_start, visible, table, context_len, window
-    )
+    return _PrefillPlan(query_start, query_end, block_ids, seq_len - key_start, visible)
 
 
 def _attend_decode(q: torch.Tensor, cache: torch.Tensor, plan: _DecodePlan, scale: float) -> torch.Tensor:
