@@ -72,6 +72,10 @@ class ImageInput:
     num_tokens: int
     # The tiles: a PixelSource, or a tensor [num_tiles, channels, side, side] (float32, CPU).
     pixels: PixelSource | torch.Tensor = field(repr=False)
+    # (t, h, w): how the image's tokens lie in position space, for families whose positions are not
+    # the token index (Qwen2.5-VL's M-RoPE: t*h*w tokens, after the encoder's patch merging); None
+    # where an image's tokens take ordinary positions (Idefics3).
+    grid: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if not hasattr(self.pixels, "tensor"):  # a tensor given directly

@@ -338,7 +338,7 @@ class ChatService:
         spec = self.settings.image_prompt
         assert spec is not None
         return tuple(
-            ImageInput(p.image.content_hash, p.offset, p.num_tokens, spec.tiles(p.image))
+            ImageInput(p.image.content_hash, p.offset, p.num_tokens, spec.tiles(p.image), grid=p.grid)
             for p in prepared.images
         )
 

@@ -45,6 +45,7 @@ class PromptImage:
     image: Image
     offset: int
     num_tokens: int
+    grid: tuple[int, int, int] | None = None  # ImageInput.grid: (t, h, w) token layout for M-RoPE
 
 
 @dataclass(frozen=True)
