@@ -104,7 +104,8 @@ def check_images(
     prompt_token_ids: Sequence[int],
     images: Sequence[ImageInput],
     image_token_id: int,
-    rows_of: Callable[[tuple[int, ...]], int],  # tiles' shape -> their encoder rows; ValueError if unusable
+    # pixels' shape and grid -> their encoder rows; ValueError if unusable
+    rows_of: Callable[[tuple[int, ...], tuple[int, int, int] | None], int],
 ) -> None:
     """Raise ValueError unless every image's span lies in the prompt, in order, without overlap,
     starts and ends on a placeholder and holds as many placeholders as its pixels give rows."""
@@ -119,7 +120,7 @@ def check_images(
         span = prompt_token_ids[image.offset : image.end]
         if span[0] != image_token_id or span[-1] != image_token_id:
             raise ValueError(f"the image span at {image.offset} must start and end on an image token")
-        num_rows = rows_of(image.pixel_shape)
+        num_rows = rows_of(image.pixel_shape, image.grid)
         num_placeholders = list(span).count(image_token_id)
         if num_placeholders != num_rows:
             raise ValueError(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.image_input import ImageInput
+from kvserve.engine.positions import PositionLayout
 from kvserve.engine.sampling_params import SamplingParams
 
 
@@ -82,6 +83,16 @@ class Request:
     checkpoint_hint: CheckpointHint | None = None  # explicit disk checkpoints (agent sessions)
     overlap_limit: int | None = None  # engine/overlap.py's, computed at its first check
     images: tuple[ImageInput, ...] = ()  # in prompt order; their spans' placeholders take their rows
+    # Where a token's rotary position is not its index (images on M-RoPE grids); None: the index.
+    position_layout: PositionLayout | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.position_layout = PositionLayout.of(self.images)
+
+    @property
+    def decode_shift(self) -> int:
+        """position - index of the tokens after the prompt (what a decode step adds)."""
+        return 0 if self.position_layout is None else self.position_layout.final_shift
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -18,7 +18,7 @@ class ModelArchConfig:
     translates GGUF metadata into the same HF-style dict first.
     """
 
-    architecture: str  # "llama" | "qwen2" | "qwen3" | "gemma3" | "idefics3" (HF model_type)
+    architecture: str  # "llama" | "qwen2" | "qwen3" | "gemma3" | "idefics3" | "qwen2_5_vl" (HF model_type)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -40,6 +40,9 @@ class ModelArchConfig:
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
     vision: VisionArchConfig | None = None  # image-text models: the encoder and connector
+    # M-RoPE (Qwen2.5-VL): how many rotary frequencies follow the t, h and w positions (sums to
+    # head_dim / 2); None: one position per token.
+    mrope_section: tuple[int, ...] | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     @property
@@ -68,6 +71,11 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 2048},
     "qwen2": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
     "qwen3": {"tie_word_embeddings": False, "rope_theta": 10_000.0, "max_position_embeddings": 32768},
+    "qwen2_5_vl": {
+        "tie_word_embeddings": False,
+        "rope_theta": 1_000_000.0,
+        "max_position_embeddings": 128_000,
+    },
     # Idefics3's text_config is a Llama whose rms_norm_eps HF defaults to 1e-5.
     "idefics3": {
         "tie_word_embeddings": False,
@@ -105,6 +113,12 @@ def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
         vision = idefics3_vision_from_hf(hf)
         text = {k: v for k, v in (hf.get("text_config") or {}).items() if k != "tie_word_embeddings"}
         hf = {**text, "model_type": "idefics3", "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
+    if hf.get("model_type") == "qwen2_5_vl":
+        # transformers 5 nests the decoder in text_config; the released checkpoints keep it at the top.
+        text = {k: v for k, v in hf.items() if k not in ("text_config", "vision_config")}
+        hf = {**text, **(hf.get("text_config") or {}), "model_type": "qwen2_5_vl"}
+        hf["tie_word_embeddings"] = text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+    mrope_section = _mrope_section(hf)
     model_type = str(hf.get("model_type", ""))
     family = _MODEL_TYPE_ALIASES.get(model_type, model_type)
     defaults = _FAMILY_DEFAULTS.get(family, _FAMILY_DEFAULTS["llama"])
@@ -126,7 +140,7 @@ def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
         rope_theta=rope_theta,
         max_position_embeddings=int(cfg["max_position_embeddings"]),
         tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
-        attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+        attention_bias=family in ("qwen2", "qwen2_5_vl") or bool(cfg.get("attention_bias", False)),
         hidden_act=str(cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")),
         rope_scaling=tuple(sorted(rope_scaling.items())) if rope_scaling else None,
         sliding_window=sliding_window,
@@ -135,8 +149,19 @@ def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
         query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if family == "gemma3" else None,
         final_logit_softcapping=cfg.get("final_logit_softcapping"),
         vision=vision,
+        mrope_section=mrope_section,
         extra=(("hf_model_type", model_type),),
     )
+
+
+def _mrope_section(cfg: dict[str, Any]) -> tuple[int, ...] | None:
+    """M-RoPE's sections, from 5.x `rope_parameters` or 4.x `rope_scaling` (type "mrope", which is
+    otherwise plain RoPE: `_rope_fields` reads it as the default type)."""
+    for key in ("rope_parameters", "rope_scaling"):
+        params = cfg.get(key)
+        if isinstance(params, dict) and params.get("mrope_section"):
+            return tuple(int(n) for n in params["mrope_section"])
+    return None
 
 
 def _rope_fields(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
@@ -149,6 +174,9 @@ def _rope_fields(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None, flo
     scaling = dict(params) if isinstance(params, dict) else dict(cfg.get("rope_scaling") or {})
     theta = float(scaling.pop("rope_theta", cfg["rope_theta"]))
     rope_type = scaling.pop("type", None) or scaling.get("rope_type", "default")
+    if rope_type == "mrope":  # transformers 4.x Qwen2-VL: default RoPE split into sections
+        rope_type = "default"
+    scaling.pop("mrope_section", None)  # kept apart (ModelArchConfig.mrope_section)
     scaling["rope_type"] = rope_type
     if rope_type == "default":
         return theta, None, local_theta

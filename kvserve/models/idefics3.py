@@ -8,6 +8,8 @@ token indices. A text-only request runs `forward(ids, positions)` exactly as a L
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -73,9 +75,12 @@ class Idefics3ForConditionalGeneration(CausalLMBase):
     def image_token_id(self) -> int:
         return self.vision.image_token_id
 
-    def count_image_rows(self, shape: tuple[int, ...]) -> int:
+    def count_image_rows(self, shape: tuple[int, ...], grid: tuple[int, int, int] | None = None) -> int:
         """Checked before a request is queued, from the tiles' shape: pixel_shuffle needs square
-        tiles whose patch grid the scale factor divides."""
+        tiles whose patch grid the scale factor divides. Image tokens take ordinary positions here,
+        so an image on a position grid is a mistake."""
+        if grid is not None:
+            raise ValueError("this model's image tokens take ordinary positions: an image has no grid")
         vision = self.vision
         if len(shape) != 4:
             raise ValueError(f"pixel values must be [num_tiles, channels, side, side], not {tuple(shape)}")
@@ -88,9 +93,12 @@ class Idefics3ForConditionalGeneration(CausalLMBase):
             )
         return num_tiles * (height // grid) ** 2
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def encode_images(
+        self, pixel_values: torch.Tensor, grids: Sequence[tuple[int, int, int] | None] = ()
+    ) -> torch.Tensor:
         """Normalized tiles [num_tiles, channels, side, side] (the processor's output, every tile
-        square and whole) -> decoder rows [num_tiles, tokens_per_tile, hidden_size]."""
+        square and whole) -> decoder rows [num_tiles, tokens_per_tile, hidden_size]. `grids`: unused
+        (tiles carry their layout)."""
         dtype = self.connector.modality_projection.proj.weight.dtype
         return self.connector(self.vision_model(pixel_values.to(dtype)))
 

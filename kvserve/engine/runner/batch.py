@@ -14,7 +14,9 @@ from kvserve.models.layers.attention.metadata import AttentionMetadata
 @dataclass
 class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
+    # [num_tokens] int64 rotary positions (the token index, shifted after M-RoPE images); [3, num_tokens]
+    # (t, h, w) when a chunk holds tokens of an image on an M-RoPE grid (engine/positions.py).
+    positions: torch.Tensor
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling] rows of the hidden states to turn into logits
     sampling: list[ScheduledRequest]  # the requests that sample this step, in logits_indices order
@@ -60,6 +62,7 @@ def build_model_inputs(
     offsets = np.arange(len(token_ids), dtype=np.int64) - np.repeat(query_start_loc[:-1], counts)
     positions = np.repeat(np.asarray(context_lens, dtype=np.int64), counts) + offsets
     slot_mapping = block_tables[seq_index, positions // block_size] * block_size + positions % block_size
+    rope_positions = _rope_positions(scheduled, positions, query_start_loc)
 
     attn = AttentionMetadata(
         block_size=block_size,
@@ -75,11 +78,36 @@ def build_model_inputs(
     )
     return ModelInputs(
         input_ids=_to(torch.tensor(token_ids, dtype=torch.int64), device),
-        positions=_to(torch.from_numpy(positions), device),
+        positions=_to(torch.from_numpy(rope_positions), device),
         attn=attn,
         logits_indices=_to(torch.tensor(logits_rows, dtype=torch.int64), device),
         sampling=sampling,
     )
+
+
+def _rope_positions(
+    scheduled: list[ScheduledRequest], index: np.ndarray, query_start_loc: list[int]
+) -> np.ndarray:
+    """The rotary positions of the flat batch whose token indices are `index`: the indices
+    themselves unless a request lays images out on M-RoPE grids; [3, num_tokens] where a chunk holds
+    such an image's tokens (every other token's three positions equal)."""
+    layouts = [(row, s.request.position_layout) for row, s in enumerate(scheduled)]
+    layouts = [(row, layout) for row, layout in layouts if layout is not None]
+    if not layouts:
+        return index
+    spans = [
+        (row, layout, scheduled[row].start, scheduled[row].start + scheduled[row].num_new_tokens)
+        for row, layout in layouts
+    ]
+    if not any(layout.touches_grid(start, end) for _, layout, start, end in spans):
+        shifted = index.copy()
+        for row, layout, start, end in spans:
+            shifted[query_start_loc[row] : query_start_loc[row + 1]] += layout.shifts(start, end)
+        return shifted
+    positions = np.broadcast_to(index, (3, len(index))).copy()
+    for row, layout, start, end in spans:
+        positions[:, query_start_loc[row] : query_start_loc[row + 1]] = layout.positions3(start, end)
+    return positions
 
 
 def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

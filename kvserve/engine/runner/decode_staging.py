@@ -80,7 +80,10 @@ class StagedRows:
         packed = self.packed
         if with_ids:
             packed[IDS, :num_seqs] = [token_at(s, p) for s, p in zip(scheduled, positions, strict=True)]
-        packed[POSITIONS, :num_seqs] = positions
+        # Rotary positions: the token index, shifted where the prompt held M-RoPE images.
+        packed[POSITIONS, :num_seqs] = [
+            p + s.request.decode_shift for s, p in zip(scheduled, positions, strict=True)
+        ]
         packed[SLOTS, :num_seqs] = slots
         packed[SEQ_LENS, :num_seqs] = [p + 1 for p in positions]
         return width

@@ -2,7 +2,7 @@
 
 A prefill chunk [start, end) takes the rows of the placeholders inside it, so a chunk may cut an
 image (the scheduler keeps images whole only for families that need it). The images a step needs
-and the encoder cache lacks are encoded together, one `encode_images` call per tile size.
+and the encoder cache lacks are encoded together, one `encode_images` call per pixel shape.
 """
 
 from __future__ import annotations
@@ -76,21 +76,25 @@ class ImageEmbedder:
 
     def _rows(self, images: list[ImageInput]) -> dict[str, torch.Tensor]:
         """Content hash -> rows [num_rows, hidden] of every image given: from the cache, or encoded
-        in one batch per tile shape and then cached."""
+        in one batch per pixel shape (tiles of one size; patches of one size) and then cached."""
         rows: dict[str, torch.Tensor] = {}
-        missing: dict[tuple[int, ...], list[ImageInput]] = {}  # tile shape -> images to encode
+        missing: dict[tuple[int, ...], list[ImageInput]] = {}  # pixel shape but the first -> images
         for image in {image.content_hash: image for image in images}.values():
-            cached = self.cache.get(image.content_hash, self.model.count_image_rows(image.pixel_shape))
+            cached = self.cache.get(image.content_hash, self._num_rows(image))
             if cached is None:
                 missing.setdefault(image.pixel_shape[1:], []).append(image)
             else:
                 rows[image.content_hash] = cached
         for group in missing.values():
             pixels = torch.cat([image.pixel_values for image in group]).to(self.device)
-            encoded = self.model.encode_images(pixels)  # [num_tiles, rows_per_tile, hidden]
-            tiles = [image.pixel_shape[0] for image in group]
-            for image, per_tile in zip(group, encoded.split(tiles), strict=True):
-                image_rows = per_tile.reshape(-1, per_tile.shape[-1])
+            encoded = self.model.encode_images(pixels, [image.grid for image in group])
+            encoded = encoded.reshape(-1, encoded.shape[-1])  # [total_rows, hidden]
+            for image, image_rows in zip(
+                group, encoded.split([self._num_rows(i) for i in group]), strict=True
+            ):
                 rows[image.content_hash] = image_rows
                 self.cache.put(image.content_hash, image_rows)
         return rows
+
+    def _num_rows(self, image: ImageInput) -> int:
+        return self.model.count_image_rows(image.pixel_shape, image.grid)

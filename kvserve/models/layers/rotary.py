@@ -127,13 +127,38 @@ class RotaryEmbedding(nn.Module):
 
             if fused_ops.ENABLED and self.inv_freq.dtype == torch.float32:
                 return fused_ops.rope_tables(positions, self.inv_freq, dtype, self.attention_factor)
-        freqs = positions[:, None].float() * self.inv_freq  # [num_tokens, head_dim // 2]
+        return self._tables(positions[:, None].float() * self.inv_freq, dtype)
+
+    def _tables(self, freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """freqs [num_tokens, head_dim // 2] -> (cos, sin) as `forward` returns them."""
         cos, sin = freqs.cos(), freqs.sin()
         if self.attention_factor != 1.0:  # in fp32 before the cast, as transformers does
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
         cos = torch.cat((cos, cos), dim=-1).to(dtype)  # [num_tokens, head_dim]
         sin = torch.cat((-sin, sin), dim=-1).to(dtype)
         return cos[:, None, :], sin[:, None, :]
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """M-RoPE (Qwen2.5-VL): each token has three positions (t, h, w), and the rotary frequencies
+    are split into three sections, each turned by one of them (transformers'
+    `Qwen2_5_VLRotaryEmbedding`). Positions [num_tokens] are text, all three equal: the same tables
+    as plain RoPE, so text steps take `RotaryEmbedding`'s path (and its fused CUDA kernel)."""
+
+    def __init__(
+        self, head_dim: int, base: float, scaling: dict[str, Any] | None, section: tuple[int, ...]
+    ) -> None:
+        super().__init__(head_dim, base, scaling)
+        if sum(section) != head_dim // 2:
+            raise ValueError(f"mrope_section {section} must sum to head_dim / 2 = {head_dim // 2}")
+        self.section = section
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.dim() == 1:
+            return super().forward(positions, dtype)
+        freqs = positions[..., None].float() * self.inv_freq  # [3, num_tokens, head_dim // 2]
+        parts = freqs.split(list(self.section), dim=-1)
+        return self._tables(torch.cat([part[i % 3] for i, part in enumerate(parts)], dim=-1), dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -18,12 +19,17 @@ class ImageInputModel(Protocol):
         """The placeholder token each image row replaces."""
         ...
 
-    def count_image_rows(self, shape: tuple[int, ...]) -> int:
-        """The rows `encode_images` gives tiles of this shape; ValueError for tiles it cannot encode."""
+    def count_image_rows(self, shape: tuple[int, ...], grid: tuple[int, int, int] | None = None) -> int:
+        """The rows `encode_images` gives pixels of this shape (and token grid, for families that
+        lay an image's tokens out on one: ImageInput.grid); ValueError for pixels it cannot encode."""
         ...
 
-    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """[num_tiles, channels, side, side] -> [num_tiles, rows_per_tile, hidden_size]."""
+    def encode_images(
+        self, pixel_values: torch.Tensor, grids: Sequence[tuple[int, int, int] | None] = ()
+    ) -> torch.Tensor:
+        """Several images' pixels, concatenated along the first dimension (with each image's grid,
+        for families that take one) -> their rows, in order: [total_rows, hidden_size], or
+        [num_tiles, rows_per_tile, hidden_size] for a family that encodes square tiles."""
         ...
 
     def embed_inputs(
