@@ -10,7 +10,6 @@ float arithmetic rounds as transformers' does, so the tiles match it bit for bit
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image as PILImage
+
+from kvserve.models.vision.pixel_values import normalize_uint8, read_processor_settings, triple
 
 if TYPE_CHECKING:
     import torch
@@ -57,8 +58,8 @@ class Idefics3ProcessorConfig:
             do_rescale=bool(hf.get("do_rescale", default.do_rescale)),
             rescale_factor=float(hf.get("rescale_factor", default.rescale_factor)),
             do_normalize=bool(hf.get("do_normalize", default.do_normalize)),
-            image_mean=_triple(hf.get("image_mean", default.image_mean)),
-            image_std=_triple(hf.get("image_std", default.image_std)),
+            image_mean=triple(hf.get("image_mean", default.image_mean)),
+            image_std=triple(hf.get("image_std", default.image_std)),
             image_seq_len=default.image_seq_len if image_seq_len is None else int(image_seq_len),
         )
 
@@ -66,8 +67,7 @@ class Idefics3ProcessorConfig:
     def from_folder(path: Path) -> Idefics3ProcessorConfig:
         """An HF model folder's settings. transformers 5 saves them nested in processor_config.json
         and reads that first; older folders have preprocessor_config.json. Neither: the defaults."""
-        processor = _read_json(path / "processor_config.json")
-        image_processor = processor.get("image_processor") or _read_json(path / "preprocessor_config.json")
+        image_processor, processor = read_processor_settings(path)
         return Idefics3ProcessorConfig.from_hf(image_processor, processor.get("image_seq_len"))
 
 
@@ -134,19 +134,10 @@ def _split(
 
 
 def _normalize(tiles: np.ndarray, config: Idefics3ProcessorConfig) -> np.ndarray:
-    """uint8 [num_tiles, side, side, 3] -> float32 [num_tiles, 3, side, side]. A pixel's value
-    depends only on its byte and channel, so a 256-entry table per channel computed with
-    transformers' rounding (rescaled in float64 then cast, normalized in float32) gives its exact
-    values without a float64 copy of the tiles."""
-    table = np.arange(256, dtype=np.float32)
-    if config.do_rescale:
-        table = (np.arange(256, dtype=np.float64) * config.rescale_factor).astype(np.float32)
-    table = np.repeat(table[None], 3, axis=0)  # [3, 256]
-    if config.do_normalize:
-        mean, std = np.array(config.image_mean, np.float32), np.array(config.image_std, np.float32)
-        table = (table - mean[:, None]) / std[:, None]
-    channels = np.arange(3)[:, None, None]
-    return table[channels, tiles.transpose(0, 3, 1, 2)]
+    """uint8 [num_tiles, side, side, 3] -> float32 [num_tiles, 3, side, side], as transformers rounds."""
+    rescale = config.rescale_factor if config.do_rescale else None
+    mean, std = (config.image_mean, config.image_std) if config.do_normalize else (None, None)
+    return normalize_uint8(tiles, rescale, mean, std)
 
 
 def _longest_edge_size(size: tuple[int, int], longest_edge: int) -> tuple[int, int]:
@@ -181,15 +172,3 @@ def _tile_multiple_size(size: tuple[int, int], side: int) -> tuple[int, int]:
         height = math.ceil(height / side) * side
         width = math.ceil(int(height * aspect_ratio) / side) * side
     return width, height
-
-
-def _triple(values: Any) -> tuple[float, float, float]:
-    # HF accepts one number for all channels too.
-    if isinstance(values, (int, float)):
-        return (float(values),) * 3
-    first, second, third = (float(v) for v in values)
-    return first, second, third
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
