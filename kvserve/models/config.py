@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from kvserve.models.vision.config import VisionArchConfig, idefics3_vision_from_hf
+from kvserve.models.vision.config import (
+    Qwen2_5VisionConfig,
+    VisionArchConfig,
+    idefics3_vision_from_hf,
+    qwen2_5_vl_vision_from_hf,
+)
 
 LayerType = Literal["full_attention", "sliding_attention"]
 
@@ -39,7 +44,7 @@ class ModelArchConfig:
     rope_local_base_freq: float | None = None
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
-    vision: VisionArchConfig | None = None  # image-text models: the encoder and connector
+    vision: VisionArchConfig | Qwen2_5VisionConfig | None = None  # image-text models: encoder and connector
     # M-RoPE (Qwen2.5-VL): how many rotary frequencies follow the t, h and w positions (sums to
     # head_dim / 2); None: one position per token.
     mrope_section: tuple[int, ...] | None = None
@@ -115,6 +120,7 @@ def arch_config_from_hf(hf: dict[str, Any]) -> ModelArchConfig:
         hf = {**text, "model_type": "idefics3", "tie_word_embeddings": hf.get("tie_word_embeddings", False)}
     if hf.get("model_type") == "qwen2_5_vl":
         # transformers 5 nests the decoder in text_config; the released checkpoints keep it at the top.
+        vision = qwen2_5_vl_vision_from_hf(hf)
         text = {k: v for k, v in hf.items() if k not in ("text_config", "vision_config")}
         hf = {**text, **(hf.get("text_config") or {}), "model_type": "qwen2_5_vl"}
         hf["tie_word_embeddings"] = text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))

@@ -20,6 +20,7 @@ _FAMILIES: dict[str, tuple[str, str]] = {
     "qwen3": ("kvserve.models.qwen3", "Qwen3ForCausalLM"),
     "gemma3": ("kvserve.models.gemma3", "Gemma3ForCausalLM"),
     "idefics3": ("kvserve.models.idefics3", "Idefics3ForConditionalGeneration"),
+    "qwen2_5_vl": ("kvserve.models.qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
 }
 
 

@@ -119,3 +119,24 @@ def test_pad_rows_write_nothing_and_read_one_key() -> None:
     pad_rows(packed, 1, 4)
     assert packed[:, 1:].T.tolist() == [[0, 0, -1, 1]] * 3
     assert packed[:, 0].tolist() == [9, 9, 9, 9]
+
+
+def test_a_decode_after_m_rope_images_takes_the_batch_builders_position() -> None:
+    """The CUDA-graph staging and the eager batch (runner/batch.py) give a decode after an image on
+    an M-RoPE grid the same rotary position: its index shifted by the image (2 x 3 tokens advance
+    the position by 3)."""
+    import torch
+
+    from kvserve.engine.image_input import ImageInput
+    from kvserve.engine.runner.batch import build_model_inputs
+
+    image = ImageInput("a", 3, 6, torch.zeros(24, 8), grid=(1, 2, 3))
+    request = Request("r", [1, 2, 3, *[9] * 6, 4, 5], SamplingParams(), images=(image,))
+    request.output_token_ids.append(7)
+    request.num_computed_tokens = 11
+    scheduled = ScheduledRequest(request, 1, [0, 1, 2])
+    staged = StagedRows(np.zeros((4, ROWS), np.int64), np.zeros((ROWS, MAX_BLOCKS), np.int32))
+    staged.fill([scheduled], BLOCK, full_rows=True, with_ids=True)
+    eager = build_model_inputs([scheduled], BLOCK, torch.device("cpu")).positions
+    assert staged.packed[POSITIONS, 0] == eager.item() == 11 - 6 + 3
+    assert staged.packed[SLOTS, 0] == 2 * BLOCK + 3  # the cache slot still follows the index
