@@ -60,7 +60,12 @@ LAYOUTS = [
     [(1, 2, 3), 5],  # an image at the start, wider than tall
     [4, (1, 3, 2), 6],  # in the middle, taller than wide
     [3, (1, 2, 2), 2, (1, 4, 1), 3],  # two images
-    [2, (1, 1, 1), 1, (1, 2, 5)],  # the last token an image's (transformers cannot tell adjacent images apart)
+    [
+        2,
+        (1, 1, 1),
+        1,
+        (1, 2, 5),
+    ],  # the last token an image's (transformers cannot tell adjacent images apart)
 ]
 
 
