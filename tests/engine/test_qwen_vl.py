@@ -148,3 +148,15 @@ def test_images_must_carry_a_grid_that_fits_their_patches(saved: Saved) -> None:
     )
     with pytest.raises(ValueError, match="takes patches of shape"):
         engine.make_request("y", prompt, GREEDY, images=[wrong])
+
+
+def test_low_bit_weights_quantize_the_decoder_and_leave_the_tower_dense(saved: Saved) -> None:
+    from kvserve.models.layers.quant import WeightOnlyLinear
+
+    engine = _engine(saved.path, weight_quant="int8")
+    model = engine.loaded.model
+    assert any(isinstance(m, WeightOnlyLinear) for m in model.model.modules())
+    assert not any(isinstance(m, WeightOnlyLinear) for m in model.visual.modules())
+    prompt, images = _prompt(saved, LAYOUTS["middle"], seed=7)
+    tokens, _ = _run(engine, prompt, images)
+    assert len(tokens) == GREEDY.max_tokens

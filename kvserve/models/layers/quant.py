@@ -195,14 +195,18 @@ def apply_weight_quant(
     int8_prefill: bool = False,
     bf16_prefill: bool = False,
 ) -> int:
-    """Wrap every nn.Linear of `model` (and the LM head) in place; returns how many were wrapped.
+    """Wrap every nn.Linear of the decoder (`model.model`; of `model` itself where it has none) and
+    the LM head in place; returns how many were wrapped. A vision tower beside the decoder stays
+    dense: it runs once per image on many rows, where low-bit weights save nothing and cost accuracy
+    (llama.cpp keeps an mmproj at f16 too).
     int8_prefill: fp32 int4 layers also run prefill on the int4 x int8 GEMM (lowbit_cpu.lowbit_gemm)."""
     if scheme == "none":
         return 0
     head = getattr(model, "lm_head", None)
+    decoder = getattr(model, "model", model)
     targets = [
         (parent, name, child)
-        for parent in model.modules()
+        for parent in decoder.modules()
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear) and child is not head
     ]
