@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf.constants import GGMLQuantizationType as Q
 from PIL import Image as PILImage
 
 from kvserve.chat.image import Image, decode_image
@@ -25,6 +26,7 @@ from kvserve.models.errors import CorruptModelFileError, ModelLoadError, Unsuppo
 from kvserve.models.loaded import LoadedModel
 from kvserve.models.loader import load_model
 from kvserve.models.loader.gguf_export import GGUFPair, write_gguf_pair, write_mmproj
+from kvserve.models.loader.gguf_reader import read_gguf
 from kvserve.models.loader.mmproj import find_mmproj
 from kvserve.models.loader.safetensors import iter_safetensors
 from kvserve.models.vision.idefics3_processor import process_image
@@ -36,6 +38,7 @@ from tests.models.tiny_vlm import save_tiny_vlm
 # attention sums in another order than ours), with logits up to 0.8.
 PAIR_ATOL = 0.0
 HF_ATOL = 1e-5
+F16_ATOL = 1e-3  # f16 matrices: 3.7e-4 measured
 
 
 class Loaded(NamedTuple):
@@ -136,6 +139,7 @@ def test_the_pair_is_the_folders_model(loaded: Loaded) -> None:
     assert pair.tokenizer.chat_template == folder.tokenizer.chat_template
     assert pair.tokenizer.tokenizer.get_vocab() == folder.tokenizer.tokenizer.get_vocab()
     assert pair.tokenizer.bos_token_id == folder.tokenizer.bos_token_id
+    assert pair.tokenizer.add_bos_token is folder.tokenizer.add_bos_token is False
     # The folder's <end_of_utterance> stop comes from generation_config.json, the GGUF's by its name.
     assert set(pair.tokenizer.eos_token_ids) == set(folder.tokenizer.eos_token_ids)
 
@@ -147,10 +151,7 @@ def test_mmproj_layout_is_llama_cpps(loaded: Loaded) -> None:
     assert str(bytes(reader.fields["clip.projector_type"].parts[-1]), "utf-8") == "idefics3"
     assert str(bytes(reader.fields["general.type"].parts[-1]), "utf-8") == "mmproj"
     patch = tensors["v.patch_embd.weight"]
-    assert (list(patch.shape), patch.tensor_type) == (
-        [8, 8, 3, 32],
-        gguf.GGMLQuantizationType.F32,
-    )  # ggml order
+    assert (list(patch.shape), patch.tensor_type) == ([8, 8, 3, 32], Q.F32)  # ggml's order
     assert list(tensors["mm.model.fc.weight"].shape) == [128, 64]
     assert {
         "v.position_embd.weight",
@@ -160,6 +161,8 @@ def test_mmproj_layout_is_llama_cpps(loaded: Loaded) -> None:
     } <= tensors.keys()
     assert int(reader.fields["clip.vision.projector.scale_factor"].parts[-1][0]) == 2
     assert int(reader.fields["clip.vision.preproc_image_size"].parts[-1][0]) == 64
+    # The language file says it adds no BOS (llama.cpp would add one to a gpt2 vocabulary otherwise).
+    assert read_gguf(loaded.pair.language).metadata["tokenizer.ggml.add_bos_token"] is False
 
 
 def _vision_tensors(folder: Path, scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -257,3 +260,21 @@ def test_the_one_mmproj_beside_the_model_is_found(tmp_path: Path, caplog: pytest
 def test_auto_loads_the_pair_written_side_by_side(loaded: Loaded) -> None:
     auto = load_model(loaded.pair.language, torch.float32, progress=False, mmproj="auto")
     assert auto.fingerprint == loaded.from_pair.fingerprint
+
+
+def test_an_f16_mmproj_keeps_the_embeddings_f32_and_the_logits_close(loaded: Loaded, tmp_path: Path) -> None:
+    pair = write_gguf_pair(loaded.folder, tmp_path, outtype="f16")
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(pair.mmproj).tensors}
+    assert (types["v.patch_embd.weight"], types["v.position_embd.weight"]) == (Q.F32, Q.F32)
+    assert (types["mm.model.fc.weight"], types["v.blk.0.attn_q.weight"], types["v.blk.0.ln1.weight"]) == (
+        Q.F16,
+        Q.F16,
+        Q.F32,
+    )
+    # The f32 language file (its f16 twin is an ordinary llama GGUF) with the f16 projector.
+    from_f16 = load_model(loaded.pair.language, torch.float32, progress=False, mmproj=pair.mmproj)
+    images = [_image(50, 40, seed=0)]
+    ids = _prompt_ids(loaded.from_folder, "TIT", images)
+    pixels = _pixels(loaded.from_folder, images)
+    expected = _our_logits(loaded.from_folder, ids, pixels)
+    torch.testing.assert_close(_our_logits(from_f16, ids, pixels), expected, atol=F16_ATOL, rtol=0)

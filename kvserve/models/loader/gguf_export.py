@@ -119,9 +119,10 @@ def _permute_for_llama_rope(weights: np.ndarray, num_heads: int) -> np.ndarray:
 
 def _write_vocab(writer: gguf.GGUFWriter, folder: Path, vocab_size: int, tokenizer_pre: str) -> None:
     """convert_hf_to_gguf's `_set_vocab_gpt2`: tokens by id (added special tokens CONTROL, other
-    added tokens USER_DEFINED, ids past the tokenizer's `[PAD{i}]`), merges, special ids and the
-    chat template through gguf-py's SpecialVocab."""
-    tokenizer = load_hf_tokenizer(folder).tokenizer
+    added tokens USER_DEFINED, ids past the tokenizer's `[PAD{i}]`), merges, special ids, whether
+    to add a BOS, and the chat template through gguf-py's SpecialVocab."""
+    info = load_hf_tokenizer(folder)
+    tokenizer = info.tokenizer
     if json.loads((folder / "tokenizer.json").read_text())["model"]["type"] != "BPE":
         raise ValueError(f"{folder}: only BPE (gpt2-style) vocabularies are written")
     by_id = {i: token for token, i in tokenizer.get_vocab().items()}
@@ -141,7 +142,11 @@ def _write_vocab(writer: gguf.GGUFWriter, folder: Path, vocab_size: int, tokeniz
     writer.add_tokenizer_pre(tokenizer_pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    gguf.SpecialVocab(folder, load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
+    special = gguf.SpecialVocab(folder, load_merges=True, n_vocab=len(tokens))
+    # Said even where the folder's files leave it implicit: llama.cpp adds a BOS to a gpt2
+    # vocabulary that does not say, which SmolVLM's prompts do not have.
+    special.add_special_token.setdefault("bos", info.add_bos_token)
+    special.add_to_gguf(writer)
 
 
 def write_mmproj(
