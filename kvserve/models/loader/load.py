@@ -110,6 +110,14 @@ def _read_mmproj(
             mmproj_path, f"an idefics3 projector goes with a llama language model, not {path.name}'s"
         )
     mmproj = read_mmproj(mmproj_path, int(text_config["hidden_size"]))
+    processor = mmproj.processor
+    logger.info(
+        "vision projector %s: idefics3, %d-px tiles of %d tokens, images up to %d px",
+        mmproj_path.name,
+        processor.tile_size,
+        processor.image_seq_len,
+        processor.longest_edge,
+    )
     image_token_id = tokenizer.tokenizer.get_vocab().get(IMAGE_TOKEN)
     if image_token_id is None:
         raise UnsupportedModelError(
