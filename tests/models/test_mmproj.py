@@ -278,3 +278,22 @@ def test_an_f16_mmproj_keeps_the_embeddings_f32_and_the_logits_close(loaded: Loa
     pixels = _pixels(loaded.from_folder, images)
     expected = _our_logits(loaded.from_folder, ids, pixels)
     torch.testing.assert_close(_our_logits(from_f16, ids, pixels), expected, atol=F16_ATOL, rtol=0)
+
+
+def test_a_language_model_without_image_tokens_is_an_error(loaded: Loaded, tmp_path: Path) -> None:
+    """SmolLM2 alone (SmolVLM's decoder before the image tokens were added) with a projector of its
+    hidden size."""
+    from kvserve.models.aliases import _smollm2_path
+
+    smollm2 = _smollm2_path()
+    assert smollm2 is not None
+    arch = loaded.from_folder.arch
+    assert arch.vision is not None
+    tensors = _vision_tensors(loaded.folder)
+    tensors["model.connector.modality_projection.proj.weight"] = torch.zeros(576, 128)
+    path = tmp_path / "mmproj-576.gguf"
+    write_mmproj(path, "576", arch.vision, 576, _spec(loaded.from_folder).processor, tensors, "f32")
+    with pytest.raises(
+        UnsupportedModelError, match=f"no <image> token in its vocabulary for the images of {path}"
+    ):
+        load_model(smollm2, torch.float32, progress=False, mmproj=path)
