@@ -60,10 +60,6 @@ class Mmproj:
     scale_factor: int
     processor: Idefics3ProcessorConfig
 
-    @property
-    def path(self) -> Path:
-        return self.gguf.path
-
 
 def find_mmproj(model_path: Path, choice: str | Path | None) -> Path | None:
     """The mmproj to load with the language GGUF at `model_path`: `choice` is a path, "none"
@@ -124,6 +120,12 @@ def read_mmproj(path: Path, text_hidden_size: int) -> Mmproj:
         "hidden_act": "gelu_pytorch_tanh",  # clip.use_gelu: ggml's gelu is the tanh form
     }
     scale_factor = int(meta.get("clip.vision.projector.scale_factor", 2))
+    patch, tile = vision["patch_size"], vision["image_size"]
+    if patch < 1 or scale_factor < 1 or tile % (patch * scale_factor):
+        raise CorruptModelFileError(
+            path,
+            f"{tile}-px tiles are no whole grid of {patch}-px patches merged {scale_factor} x {scale_factor}",
+        )
     _check_tensors(mmproj, vision, scale_factor, text_hidden_size)
     return Mmproj(mmproj, vision, scale_factor, _processor(meta, vision, scale_factor))
 
