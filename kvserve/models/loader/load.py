@@ -105,11 +105,11 @@ def _read_mmproj(
 ) -> _Projector | None:
     if mmproj_path is None:
         return None
+    mmproj = read_mmproj(mmproj_path, int(text_config["hidden_size"]))  # its projector type first
     if text_config["model_type"] != "llama":  # Idefics3's decoder
         raise UnsupportedModelError(
             mmproj_path, f"an idefics3 projector goes with a llama language model, not {path.name}'s"
         )
-    mmproj = read_mmproj(mmproj_path, int(text_config["hidden_size"]))
     processor = mmproj.processor
     logger.info(
         "vision projector %s: idefics3, %d-px tiles of %d tokens, images up to %d px",
