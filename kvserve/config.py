@@ -72,6 +72,9 @@ DEVICE_SCHEDULER_DEFAULTS = {"cpu": (16, 512), "cuda": (256, 8192)}
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "smollm2"
+    # A GGUF model's vision projector (llama.cpp's mmproj file): a path, "auto" (the one mmproj*.gguf
+    # beside the model file) or "none".
+    mmproj: str = "auto"
     dtype: DTypeName = "auto"
     device: str = "auto"
     max_model_len: int = 0  # --ctx; 0 = the model's context length (capped by --kv-cache-memory-mb)

@@ -29,6 +29,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--model", "-m", default=d.model, help="GGUF file, HF folder or alias (see `kvserve models`)"
     )
     g.add_argument(
+        "--mmproj",
+        default=d.mmproj,
+        metavar="FILE",
+        help="a GGUF model's vision projector (llama.cpp's mmproj file, SmolVLM's idefics3); default "
+        "auto: the one mmproj*.gguf beside the model file; none: text only",
+    )
+    g.add_argument("--no-mmproj", action="store_true", help="load no vision projector (--mmproj none)")
+    g.add_argument(
         "--dtype",
         default=d.dtype,
         choices=["auto", "float32", "bfloat16", "float16"],
@@ -180,6 +188,7 @@ def kv_store_config_from_args(args: argparse.Namespace) -> KVStoreConfig | None:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model,
+        mmproj="none" if args.no_mmproj else args.mmproj,
         dtype=args.dtype,
         device=args.device,
         max_model_len=args.ctx,

@@ -118,7 +118,9 @@ def _thread_handle(client: AsyncEngineClient) -> EngineHandle:
         cache_view=console_sources.cache_source(core),
         checkpoint_tokens=lambda checkpoint_id: console_sources.checkpoint_tokens(core, checkpoint_id),
         in_process=True,
-        image_prompt=image_prompt_spec(core.loaded.arch.vision, core.loaded.path),
+        image_prompt=image_prompt_spec(
+            core.loaded.arch.vision, core.loaded.path, core.loaded.image_processor
+        ),
     )
 
 

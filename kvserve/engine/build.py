@@ -44,7 +44,12 @@ def build_engine(config: EngineConfig, progress: bool = True) -> EngineCore:
             except TPLaunchError as error:
                 sys.exit(f"kvserve: {error}")
         loaded = load_model(
-            config.model, config.torch_dtype, config.device, progress=progress, context=config.context_request
+            config.model,
+            config.torch_dtype,
+            config.device,
+            progress=progress,
+            context=config.context_request,
+            mmproj=config.mmproj,
         )
     except (ModelLoadError, ContextError) as error:
         sys.exit(f"kvserve: {error}")

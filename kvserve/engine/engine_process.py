@@ -148,7 +148,7 @@ class EngineProcess:
             core.loaded.arch.vocab_size,
             None if disk is None else str(disk.store.directory),
             len(conns),
-            image_prompt_spec(core.loaded.arch.vision, core.loaded.path),
+            image_prompt_spec(core.loaded.arch.vision, core.loaded.path, core.loaded.image_processor),
         )
         for link in self.links:
             # `Ready` first on every link; a front end not yet reading its pipe blocks only its own thread.

@@ -11,6 +11,8 @@ from kvserve.models.config import ModelArchConfig
 if TYPE_CHECKING:  # annotations only: tokenizer-only callers (benchmark clients) never import torch
     import torch
 
+    from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig
+
 
 class CausalLM(Protocol):
     """The contract every family module (an nn.Module) satisfies for the runner.
@@ -64,3 +66,6 @@ class LoadedModel:
     # The low-bit decode copy ("int4"/"int8") that holds the file's layer weights at their own
     # precision (a quantized GGUF), None for 16/32-bit weights; --weight-quant auto uses it.
     file_weight_quant: str | None = None
+    # The image processor the model file brings (an mmproj's clip.vision.* keys); None: the model
+    # folder's preprocessor files say (image_prompt.py).
+    image_processor: Idefics3ProcessorConfig | None = None

@@ -50,6 +50,7 @@ def load_checkpoint_shard(group: TPGroup, config: EngineConfig, *, progress: boo
         progress=show,
         tp=group,
         context=config.context_request,
+        mmproj=config.mmproj,
     )
 
 

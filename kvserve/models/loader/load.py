@@ -5,11 +5,13 @@ are translated to HF names first, so both formats meet the family modules throug
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -23,12 +25,25 @@ from kvserve.models.errors import CorruptModelFileError, ModelNotFoundError, Uns
 from kvserve.models.fingerprint import model_fingerprint
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.gguf import file_weight_quant, hf_config_from_gguf, iter_hf_tensors, read_gguf
+from kvserve.models.loader.gguf_reader import GGUFFile
+from kvserve.models.loader.mmproj import (
+    MMPROJ_AUTO,
+    MMPROJ_NONE,
+    Mmproj,
+    find_mmproj,
+    idefics3_hf_config,
+    iter_mmproj_tensors,
+    read_mmproj,
+)
 from kvserve.models.loader.paths import resolve_model_path
 from kvserve.models.loader.safetensors import WeightLoadError, iter_safetensors, load_state_dict_into
 from kvserve.models.loader.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
 from kvserve.models.rope_scaling import ContextPlan, ContextRequest, describe, plan_context
+from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig
 
 logger = logging.getLogger(__name__)
+
+IMAGE_TOKEN = "<image>"  # Idefics3's placeholder, which the mmproj's rows replace
 
 
 def load_model(
@@ -39,35 +54,87 @@ def load_model(
     progress: bool = True,
     tp: TPGroup | None = None,
     context: ContextRequest | None = None,
+    mmproj: str | Path | None = None,
 ) -> LoadedModel:
     """Load a .gguf file, an HF folder (config.json + *.safetensors + tokenizer files) or an alias;
     with a tensor-parallel `tp`, only this rank's shard of the weights (`fingerprint` is the shard's).
     `context` (--ctx and the RoPE scaling flags) picks the context and the RoPE scaling the model is
-    built with; `max_model_len` of the result is that context.
+    built with; `max_model_len` of the result is that context. `mmproj` (GGUF only): llama.cpp's
+    vision projector file to load with the language model, "auto" for the one `mmproj*.gguf` beside
+    it, or None / "none"; the pair is then an Idefics3 model (`loader/mmproj.py`).
 
     Raises a `ModelLoadError` subclass, with a one-line message naming the file, for a missing
     path, a corrupt file or an architecture kvserve cannot run, and `ContextError` for a context
     the flags cannot give this model.
     """
     path = resolve_model_path(spec)
-    file_quant = None
     if path.is_dir():
+        if mmproj is not None and str(mmproj) not in (MMPROJ_AUTO, MMPROJ_NONE):
+            raise UnsupportedModelError(
+                path, "--mmproj goes with a GGUF language model; a folder has its own"
+            )
         hf_config = _read_config_json(path)
         plan = _plan(path, hf_config, context, tp)
         model = _build(path, plan.arch, dtype, device, tp)
         _load_weights(path, model, _with_progress(_safetensors(path), path, progress))
-        tokenizer = load_hf_tokenizer(path)
-    else:
-        gguf = read_gguf(path)
-        hf_config = hf_config_from_gguf(gguf)
-        plan = _plan(path, hf_config, context, tp)
-        tokenizer = load_gguf_tokenizer(
-            path, gguf.metadata
-        )  # before the weights: fail fast on a bad vocabulary
-        model = _build(path, plan.arch, dtype, device, tp)
-        _load_weights(path, model, iter_hf_tensors(gguf, hf_config, dtype, progress=progress))
-        file_quant = file_weight_quant(gguf)
-    return _loaded(path, model, plan, tokenizer, dtype, file_quant)
+        return _loaded(path, model, plan, load_hf_tokenizer(path), dtype)
+    gguf = read_gguf(path)
+    if gguf.architecture == "clip":
+        raise UnsupportedModelError(
+            path, "a vision projector (mmproj): pass the language GGUF as --model, this as --mmproj"
+        )
+    hf_config = hf_config_from_gguf(gguf)
+    # Before the weights: fail fast on a bad vocabulary (and the projector needs its image token).
+    tokenizer = load_gguf_tokenizer(path, gguf.metadata)
+    projector = _read_mmproj(path, hf_config, tokenizer, find_mmproj(path, mmproj))
+    model_config = hf_config if projector is None else projector.config
+    plan = _plan(path, model_config, context, tp)
+    model = _build(path, plan.arch, dtype, device, tp)
+    _load_weights(path, model, _gguf_tensors(gguf, projector, hf_config, dtype, progress))
+    processor = None if projector is None else projector.mmproj.processor
+    return _loaded(path, model, plan, tokenizer, dtype, file_weight_quant(gguf), processor)
+
+
+class _Projector(NamedTuple):
+    mmproj: Mmproj
+    config: dict  # the pair's HF Idefics3 config
+
+
+def _read_mmproj(
+    path: Path, text_config: dict, tokenizer: TokenizerInfo, mmproj_path: Path | None
+) -> _Projector | None:
+    if mmproj_path is None:
+        return None
+    mmproj = read_mmproj(mmproj_path, int(text_config["hidden_size"]))  # its projector type first
+    if text_config["model_type"] != "llama":  # Idefics3's decoder
+        raise UnsupportedModelError(
+            mmproj_path, f"an idefics3 projector goes with a llama language model, not {path.name}'s"
+        )
+    processor = mmproj.processor
+    logger.info(
+        "vision projector %s: idefics3, %d-px tiles of %d tokens, images up to %d px",
+        mmproj_path.name,
+        processor.tile_size,
+        processor.image_seq_len,
+        processor.longest_edge,
+    )
+    image_token_id = tokenizer.tokenizer.get_vocab().get(IMAGE_TOKEN)
+    if image_token_id is None:
+        raise UnsupportedModelError(
+            path, f"no {IMAGE_TOKEN} token in its vocabulary for the images of {mmproj_path}"
+        )
+    return _Projector(mmproj, idefics3_hf_config(text_config, mmproj, image_token_id))
+
+
+def _gguf_tensors(
+    gguf: GGUFFile, projector: _Projector | None, hf_config: dict, dtype: torch.dtype, progress: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    tensors = iter_hf_tensors(gguf, hf_config, dtype, progress=progress)
+    return (
+        tensors
+        if projector is None
+        else itertools.chain(tensors, iter_mmproj_tensors(projector.mmproj, dtype))
+    )
 
 
 def _plan(path: Path, hf_config: dict, context: ContextRequest | None, tp: TPGroup | None) -> ContextPlan:
@@ -86,6 +153,7 @@ def _loaded(
     tokenizer: TokenizerInfo,
     dtype: torch.dtype,
     file_quant: str | None = None,
+    image_processor: Idefics3ProcessorConfig | None = None,
 ) -> LoadedModel:
     return LoadedModel(
         model=model,
@@ -97,6 +165,7 @@ def _loaded(
         dtype=dtype,
         max_model_len=plan.max_model_len,
         file_weight_quant=file_quant,
+        image_processor=image_processor,
     )
 
 

@@ -20,7 +20,8 @@ from kvserve.models.errors import CorruptModelFileError
 from kvserve.models.loaded import TokenizerInfo
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "kvserve" / "tokenizers"
-# Tokens that end an assistant turn in the chat formats we know (ChatML, Gemma, Llama 3).
+# Tokens that end an assistant turn in the chat formats we know (ChatML, Gemma, Llama 3, SmolVLM's
+# Idefics3 format, whose GGUF names it only in its text: llama.cpp's vocabulary finds it by name too).
 END_OF_TURN_TOKENS = (
     "<|im_end|>",
     "<|endoftext|>",
@@ -28,6 +29,7 @@ END_OF_TURN_TOKENS = (
     "<|eot_id|>",
     "<|eom_id|>",
     "<|end_of_text|>",
+    "<end_of_utterance>",
 )
 _GGUF_STOP_ID_KEYS = (
     "tokenizer.ggml.eos_token_id",

@@ -19,11 +19,16 @@ if TYPE_CHECKING:
     import torch
 
 
-def image_prompt_spec(vision: VisionArchConfig | None, path: Path) -> ImagePromptSpec | None:
-    """The spec of a model loaded from `path` (an HF folder; a file's folder); None without vision,
-    and None (logged: the server then refuses images) when the folder's image processor does not
-    fit the encoder, since no prompt could then be laid out for it."""
+def image_prompt_spec(
+    vision: VisionArchConfig | None, path: Path, processor: Idefics3ProcessorConfig | None = None
+) -> ImagePromptSpec | None:
+    """The spec of a model loaded from `path` (an HF folder; a file's folder) with the image
+    `processor` its file brings (an mmproj's), else its folder's; None without vision, and None
+    (logged: the server then refuses images) when the image processor does not fit the encoder,
+    since no prompt could then be laid out for it."""
     try:
+        if processor is not None and vision is not None:
+            return ImagePromptSpec.from_processor(vision, processor)
         return ImagePromptSpec.for_model(vision, path if path.is_dir() else path.parent)
     except ValueError as error:
         logger.warning("images are off: %s", error)
@@ -61,7 +66,11 @@ class ImagePromptSpec:
         text-only model. The processor's tile and token counts must be the encoder's."""
         if vision is None:
             return None
-        processor = Idefics3ProcessorConfig.from_folder(folder)
+        return ImagePromptSpec.from_processor(vision, Idefics3ProcessorConfig.from_folder(folder))
+
+    @staticmethod
+    def from_processor(vision: VisionArchConfig, processor: Idefics3ProcessorConfig) -> ImagePromptSpec:
+        """The spec of an encoder fed by `processor`, whose tile and token counts must be its own."""
         if processor.tile_size != vision.image_size or processor.image_seq_len != vision.tokens_per_tile:
             raise ValueError(
                 f"the image processor's tiles ({processor.tile_size} px, {processor.image_seq_len} tokens) "

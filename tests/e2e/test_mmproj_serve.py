@@ -1,0 +1,58 @@
+"""llama.cpp's pair of files through `kvserve serve`'s own wiring (in process): a tiny SmolVLM folder
+written as a language GGUF + mmproj (loader/gguf_export.py), served with `--model lang.gguf` alone
+(the mmproj beside it is taken), answers two images greedily as transformers does on the folder;
+`--no-mmproj` serves the text model, which refuses images."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from kvserve.models.loader.gguf_export import GGUFPair, write_gguf_pair
+from tests.e2e import test_vision_real
+from tests.e2e.test_vision_real import _chat, _hf_greedy, _photo
+from tests.serve_process import in_process_server
+
+folder = test_vision_real.folder  # the same fixture: a tiny SmolVLM folder (skipped without SmolLM2)
+
+
+@pytest.fixture(scope="module")
+def pair(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> GGUFPair:
+    return write_gguf_pair(folder, tmp_path_factory.mktemp("gguf"))
+
+
+@contextmanager
+def _serve(model: Path, data_dir: Path, *extra: str) -> Iterator[str]:
+    args = ["--model", str(model), "--device", "cpu", "--ctx", "2048", "--generation-config", "none"]
+    with in_process_server([*args, "--data-dir", str(data_dir), *extra]) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def url(pair: GGUFPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with _serve(pair.language, tmp_path_factory.mktemp("data")) as base:
+        yield base
+
+
+def test_the_pair_answers_as_transformers_on_the_folder(url: str, folder: Path) -> None:
+    assert httpx.get(f"{url}/v1/models").json()["data"][0]["modalities"]["vision"] is True
+    images = [_photo(1), _photo(2, 30, 50)]
+    reply = _chat(url, images, "What is in these?", max_tokens=8, extra_body={"ignore_eos": True})
+    assert reply.choices[0].message.content == _hf_greedy(folder, images, "What is in these?", 8)
+
+
+def test_no_mmproj_serves_the_text_model(pair: GGUFPair, tmp_path: Path) -> None:
+    with _serve(pair.language, tmp_path, "--no-mmproj") as url:
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["modalities"]["vision"] is False
+        with pytest.raises(openai.BadRequestError, match="image"):
+            _chat(url, [_photo(3)], "What is this?", max_tokens=2)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
+        text = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+        assert text.usage.completion_tokens == 2
