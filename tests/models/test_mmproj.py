@@ -297,3 +297,16 @@ def test_a_language_model_without_image_tokens_is_an_error(loaded: Loaded, tmp_p
         UnsupportedModelError, match=f"no <image> token in its vocabulary for the images of {path}"
     ):
         load_model(smollm2, torch.float32, progress=False, mmproj=path)
+
+
+def test_an_unsupported_projector_found_beside_the_model_leaves_it_serving_text(
+    loaded: Loaded, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only what was found, not asked for: `--mmproj FILE` with it is an error (above)."""
+    language = tmp_path / loaded.pair.language.name
+    shutil.copy(loaded.pair.language, language)
+    _write_other_projector(tmp_path / "mmproj-other.gguf")
+    with caplog.at_level(logging.WARNING, logger="kvserve.models.loader.load"):
+        text_only = load_model(language, torch.float32, progress=False, mmproj="auto")
+    assert text_only.arch.vision is None
+    assert "projector type 'gemma3' is not supported" in caplog.text and "without images" in caplog.text

@@ -86,7 +86,16 @@ def load_model(
     hf_config = hf_config_from_gguf(gguf)
     # Before the weights: fail fast on a bad vocabulary (and the projector needs its image token).
     tokenizer = load_gguf_tokenizer(path, gguf.metadata)
-    projector = _read_mmproj(path, hf_config, tokenizer, find_mmproj(path, mmproj))
+    mmproj_path = find_mmproj(path, mmproj)
+    try:
+        projector = _read_mmproj(path, hf_config, tokenizer, mmproj_path)
+    except UnsupportedModelError as error:
+        if str(mmproj) != MMPROJ_AUTO:
+            raise
+        # Found, not asked for: a projector of a kind kvserve cannot run (another family's mmproj
+        # in a download folder) leaves the text model serving, as before the pick-up existed.
+        logger.warning("%s; serving the text model without images (--mmproj FILE to insist)", error)
+        projector = None
     model_config = hf_config if projector is None else projector.config
     plan = _plan(path, model_config, context, tp)
     model = _build(path, plan.arch, dtype, device, tp)
