@@ -65,6 +65,24 @@ def hf_config(shapes: dict[str, Any], vocab_size: int, token_ids: dict[str, int]
     )
 
 
+def hf_qwen_processor(image_processor: Any, tokenizer: Any) -> Any:
+    """transformers' `Qwen2_5_VLProcessor` as `__init__` would make it without a video processor:
+    `__init__` insists on one, and transformers' needs torchvision, which images never use."""
+    from transformers import Qwen2_5_VLProcessor
+
+    processor = Qwen2_5_VLProcessor.__new__(Qwen2_5_VLProcessor)
+    processor.image_processor, processor.tokenizer, processor.video_processor = (
+        image_processor,
+        tokenizer,
+        None,
+    )
+    processor.chat_template = None
+    processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
+    processor.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    processor.video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    return processor
+
+
 def save_tiny_qwen_vl(path: Path, seed: int = 0, shapes: dict[str, Any] | None = None) -> Path:
     """Writes the folder at `path` and returns it; `shapes` (TINY's keys, e.g. QWEN25_VL_3B) replaces
     the tiny ones."""
