@@ -38,7 +38,7 @@ def strip_vision_prefix(hf_name: str) -> str | None:
 class Segments(NamedTuple):
     """Attention segments (windows, or whole frames) of a packed sequence, grouped by length so that
     one SDPA call covers every segment of a length: `groups[i]` [num_segments, length] indexes the
-    sequence, and `order` (every group's indices, concatenated) puts the outputs back."""
+    sequence, and `inverse` puts the groups' outputs, concatenated, back in sequence order."""
 
     groups: list[torch.Tensor]
     inverse: torch.Tensor  # [seq_len]: where each position's output lies in the concatenated groups
