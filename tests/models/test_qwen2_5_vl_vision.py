@@ -81,7 +81,7 @@ def test_window_plan_is_hf_window_index() -> None:
 
     config = Qwen2_5VisionConfig(patch_size=4, window_size=16, spatial_merge_size=2)
     grids = [(1, 10, 14), (1, 8, 8), (2, 6, 2)]
-    plan = plan_windows(grids, config, torch.device("cpu"))
+    plan = plan_windows(grids, config)
     window_index, cu_window_seqlens = get_vision_window_index(torch.tensor(grids), 2, 16, 4)
     assert torch.equal(plan.window_index, window_index)
     lengths = sorted(cu_window_seqlens.diff().tolist())
@@ -127,3 +127,9 @@ def test_config_of_the_hub_file() -> None:
         },
     }  # fmt: skip
     assert qwen2_5_vl_vision_from_hf(hub) == Qwen2_5VisionConfig()
+
+
+@pytest.mark.parametrize("grid", [(1, 3, 4), (1, 4, 0), (0, 4, 4)])
+def test_a_grid_of_broken_merge_blocks_is_refused(grid: tuple[int, int, int]) -> None:
+    with pytest.raises(ValueError, match="whole 2 x 2 blocks"):
+        plan_windows([grid], Qwen2_5VisionConfig())
