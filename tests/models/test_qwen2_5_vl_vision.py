@@ -89,8 +89,8 @@ def test_window_plan_is_hf_window_index() -> None:
 
 
 def test_real_shapes_map_one_to_one() -> None:
-    """Qwen2.5-VL-3B's tower, both sides on the meta device: every HF tensor (transformers 5's
-    `model.visual.` names) is one of ours with its shape, and the Hub's `visual.` names map too."""
+    """Qwen2.5-VL-3B's tower, both sides on the meta device: every HF tensor (the `model.visual.`
+    names of transformers 5's module tree) is one of ours with its shape, and the Hub's `visual.` names map too."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     config = hf_config(QWEN25_VL_3B, vocab_size=151936)

@@ -1,7 +1,8 @@
 """A tiny random-weight Qwen2.5-VL folder, laid out as `kvserve serve --model DIR` loads a real one:
-weights (transformers 5's names), SmolLM2's tokenizer with Qwen's vision tokens added, Qwen2.5-VL's
-chat template, and its image-processor settings scaled down (patches of 4 pixels merged 2 x 2, so an
-image of 32 x 32 pixels is 4 x 4 tokens, cut into 2 x 2 windows of 2 x 2 tokens)."""
+weights (transformers 5.25 saves the Hub's names: `model.`, `visual.`, `lm_head.`), SmolLM2's
+tokenizer with Qwen's vision tokens added, Qwen2.5-VL's chat template, and its image-processor
+settings scaled down (patches of 4 pixels merged 2 x 2, so an image of 32 x 32 pixels is 4 x 4
+tokens, cut into 2 x 2 windows of 2 x 2 tokens)."""
 
 from __future__ import annotations
 
@@ -101,9 +102,10 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, shapes: dict[str, Any] | None =
     token_ids = {
         "image_token_id": ids("<|image_pad|>"), "video_token_id": ids("<|video_pad|>"),
         "vision_start_token_id": ids("<|vision_start|>"), "vision_end_token_id": ids("<|vision_end|>"),
-        "eos_token_id": ids("<|im_end|>"),
     }  # fmt: skip
-    config = hf_config(shapes, len(tokenizer), token_ids)
+    # The decoder's own ids (its config's defaults are Qwen's, outside SmolLM2's vocabulary).
+    text_ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": ids("<|im_end|>")}
+    config = hf_config({**shapes, "text": {**shapes["text"], **text_ids}}, len(tokenizer), token_ids)
     torch.manual_seed(seed)
     model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
     model.save_pretrained(path, safe_serialization=True)

@@ -22,8 +22,9 @@ from kvserve.models.layers.activation import get_activation
 from kvserve.models.layers.norm import RMSNorm
 from kvserve.models.vision.config import Qwen2_5VisionConfig
 
-# HF prefix of the tower -> ours: transformers 5 saves `model.visual.`, the Hub's original
-# Qwen2.5-VL checkpoints `visual.`.
+# HF prefix of the tower -> ours: the Hub's Qwen2.5-VL checkpoints (and transformers 5.25's
+# save_pretrained, which writes the old names back) say `visual.`; transformers 5's module tree
+# (its state_dict) says `model.visual.`.
 VISION_PREFIXES = (("model.visual.", "visual."), ("visual.", "visual."))
 
 
