@@ -129,6 +129,11 @@ def test_config_of_the_hub_file() -> None:
     assert qwen2_5_vl_vision_from_hf(hub) == Qwen2_5VisionConfig()
 
 
+def test_patches_must_fill_the_grids(pair: tuple[Any, Qwen2_5VisionTransformer]) -> None:
+    with pytest.raises(ValueError, match=r"60 patches for patch grids \[\(1, 8, 8\)\]"):
+        pair[1](torch.randn(60, 96), torch.tensor([(1, 8, 8)]))
+
+
 @pytest.mark.parametrize("grid", [(1, 3, 4), (1, 4, 0), (0, 4, 4)])
 def test_a_grid_of_broken_merge_blocks_is_refused(grid: tuple[int, int, int]) -> None:
     with pytest.raises(ValueError, match="whole 2 x 2 blocks"):

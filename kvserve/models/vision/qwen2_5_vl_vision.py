@@ -254,6 +254,8 @@ class Qwen2_5VisionTransformer(nn.Module):
         grid_thw [num_images, 3] (each image's patch grid) -> [num_patches // merge**2,
         out_hidden_size], each image's rows row-major over its merged grid."""
         grids = [(int(t), int(h), int(w)) for t, h, w in grid_thw.tolist()]
+        if sum(t * h * w for t, h, w in grids) != pixel_values.shape[0]:
+            raise ValueError(f"{pixel_values.shape[0]} patches for patch grids {grids}")
         plan = plan_windows(grids, self.config).to(pixel_values.device)
         unit = self.config.spatial_merge_size**2
         x = self.patch_embed(pixel_values)  # [num_patches, hidden]
