@@ -182,8 +182,8 @@ class ChatService:
     def _prepare_with_images(
         self, request: ChatRequest, spec: ImagePromptSpec, param: str, request_id: str | None
     ) -> PreparedRequest:
-        """A vision model's prompt: each `<image>` the template wrote expanded into the image's tile
-        markers and tokens, then each image's span found in the tokens. The prefix cache and the
+        """A vision model's prompt: each image placeholder the template wrote expanded into the
+        image's tokens (the family's `ImagePromptSpec`), then each image's span found in the tokens. The prefix cache and the
         disk tier find earlier turns by the chain hashes, which carry every image's content hash;
         live-sequence continuation (token-exact tool turns) stays with text-only prompts."""
         images = self.renderer.images(request)

@@ -81,7 +81,7 @@ def test_window_plan_is_hf_window_index() -> None:
 
     config = Qwen2_5VisionConfig(patch_size=4, window_size=16, spatial_merge_size=2)
     grids = [(1, 10, 14), (1, 8, 8), (2, 6, 2)]
-    plan = plan_windows(grids, config, torch.device("cpu"))
+    plan = plan_windows(grids, config)
     window_index, cu_window_seqlens = get_vision_window_index(torch.tensor(grids), 2, 16, 4)
     assert torch.equal(plan.window_index, window_index)
     lengths = sorted(cu_window_seqlens.diff().tolist())
@@ -89,8 +89,8 @@ def test_window_plan_is_hf_window_index() -> None:
 
 
 def test_real_shapes_map_one_to_one() -> None:
-    """Qwen2.5-VL-3B's tower, both sides on the meta device: every HF tensor (transformers 5's
-    `model.visual.` names) is one of ours with its shape, and the Hub's `visual.` names map too."""
+    """Qwen2.5-VL-3B's tower, both sides on the meta device: every HF tensor (the `model.visual.`
+    names of transformers 5's module tree) is one of ours with its shape, and the Hub's `visual.` names map too."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     config = hf_config(QWEN25_VL_3B, vocab_size=151936)
@@ -127,3 +127,14 @@ def test_config_of_the_hub_file() -> None:
         },
     }  # fmt: skip
     assert qwen2_5_vl_vision_from_hf(hub) == Qwen2_5VisionConfig()
+
+
+def test_patches_must_fill_the_grids(pair: tuple[Any, Qwen2_5VisionTransformer]) -> None:
+    with pytest.raises(ValueError, match=r"60 patches for patch grids \[\(1, 8, 8\)\]"):
+        pair[1](torch.randn(60, 96), torch.tensor([(1, 8, 8)]))
+
+
+@pytest.mark.parametrize("grid", [(1, 3, 4), (1, 4, 0), (0, 4, 4)])
+def test_a_grid_of_broken_merge_blocks_is_refused(grid: tuple[int, int, int]) -> None:
+    with pytest.raises(ValueError, match="whole 2 x 2 blocks"):
+        plan_windows([grid], Qwen2_5VisionConfig())

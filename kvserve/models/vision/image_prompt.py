@@ -1,6 +1,7 @@
-"""A chat prompt's images for a vision model (Idefics3 / SmolVLM), in the API process: the chat
-template's `<image>` placeholders expanded per image from its size alone (`image_grid`), each
-image's span in the prompt's tokens, and its tiles for the engine."""
+"""A chat prompt's images for a vision model, in the API process: `image_prompt_spec` picks the
+family's layout from the model's vision config. Idefics3 / SmolVLM's is here: the chat template's
+`<image>` placeholders expanded per image from its size alone (`image_grid`), each image's span in
+the prompt's tokens, and its tiles for the engine. Qwen2.5-VL's is `qwen2_vl_prompt.py`."""
 
 from __future__ import annotations
 
@@ -11,25 +12,46 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvserve.chat.image import Image
-from kvserve.models.vision.config import VisionArchConfig
+from kvserve.models.vision.config import Qwen2_5VisionConfig, VisionArchConfig
 from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig, image_grid, process_image
 from kvserve.models.vision.idefics3_prompt import expand_image_placeholders, num_image_tokens
+from kvserve.models.vision.prompt_image import (
+    ImagePromptError,
+    ImagePromptSpec,
+    PromptImage,
+    image_token_bounds,
+)
+from kvserve.models.vision.qwen2_vl_prompt import QwenVLPromptSpec
+
+__all__ = [
+    "Idefics3PromptSpec",
+    "ImagePromptError",
+    "ImagePromptSpec",
+    "PromptImage",
+    "TiledImage",
+    "image_prompt_spec",
+]
 
 if TYPE_CHECKING:
     import torch
 
 
 def image_prompt_spec(
-    vision: VisionArchConfig | None, path: Path, processor: Idefics3ProcessorConfig | None = None
+    vision: VisionArchConfig | Qwen2_5VisionConfig | None,
+    path: Path,
+    processor: Idefics3ProcessorConfig | None = None,
 ) -> ImagePromptSpec | None:
-    """The spec of a model loaded from `path` (an HF folder; a file's folder) with the image
-    `processor` its file brings (an mmproj's), else its folder's; None without vision, and None
-    (logged: the server then refuses images) when the image processor does not fit the encoder,
-    since no prompt could then be laid out for it."""
+    """The spec of a model loaded from `path` (an HF folder; a file's folder), of the family its
+    vision config names, with the image `processor` its file brings (an mmproj's), else its
+    folder's; None without vision, and None (logged: the server then refuses images) when the image
+    processor does not fit the encoder, since no prompt could then be laid out for it."""
+    folder = path if path.is_dir() else path.parent
     try:
+        if isinstance(vision, Qwen2_5VisionConfig):
+            return QwenVLPromptSpec.for_model(vision, folder)
         if processor is not None and vision is not None:
-            return ImagePromptSpec.from_processor(vision, processor)
-        return ImagePromptSpec.for_model(vision, path if path.is_dir() else path.parent)
+            return Idefics3PromptSpec.from_processor(vision, processor)
+        return Idefics3PromptSpec.for_model(vision, folder)
     except ValueError as error:
         logger.warning("images are off: %s", error)
         return None
@@ -38,35 +60,20 @@ def image_prompt_spec(
 logger = logging.getLogger(__name__)
 
 
-class ImagePromptError(ValueError):
-    """The prompt and its images do not fit together (the API answers it as a 400)."""
-
-
 @dataclass(frozen=True)
-class PromptImage:
-    """An image and its span in the prompt's tokens: from its first image token through its last
-    (engine.image_input.ImageInput's offset and num_tokens)."""
-
-    image: Image
-    offset: int
-    num_tokens: int
-    grid: tuple[int, int, int] | None = None  # ImageInput.grid: (t, h, w) token layout for M-RoPE
-
-
-@dataclass(frozen=True)
-class ImagePromptSpec:
-    """What the front end needs of a vision model to lay out its prompts."""
+class Idefics3PromptSpec:
+    """Idefics3 / SmolVLM's `ImagePromptSpec`: an image is tiles, each `image_seq_len` tokens."""
 
     image_token_id: int
     processor: Idefics3ProcessorConfig
 
     @staticmethod
-    def for_model(vision: VisionArchConfig | None, folder: Path) -> ImagePromptSpec | None:
+    def for_model(vision: VisionArchConfig | None, folder: Path) -> Idefics3PromptSpec | None:
         """The spec of a model with `vision` loaded from `folder` (its processor files); None for a
         text-only model. The processor's tile and token counts must be the encoder's."""
         if vision is None:
             return None
-        return ImagePromptSpec.from_processor(vision, Idefics3ProcessorConfig.from_folder(folder))
+        return Idefics3PromptSpec.from_processor(vision, Idefics3ProcessorConfig.from_folder(folder))
 
     @staticmethod
     def from_processor(vision: VisionArchConfig, processor: Idefics3ProcessorConfig) -> ImagePromptSpec:
@@ -76,7 +83,7 @@ class ImagePromptSpec:
                 f"the image processor's tiles ({processor.tile_size} px, {processor.image_seq_len} tokens) "
                 f"are not the vision encoder's ({vision.image_size} px, {vision.tokens_per_tile} tokens)"
             )
-        return ImagePromptSpec(vision.image_token_id, processor)
+        return Idefics3PromptSpec(vision.image_token_id, processor)
 
     def expand(self, text: str, images: Sequence[Image]) -> str:
         """The rendered prompt with each image's tile markers and tokens in place of its `<image>`."""
@@ -89,19 +96,13 @@ class ImagePromptSpec:
     def spans(self, token_ids: Sequence[int], images: Sequence[Image]) -> list[PromptImage]:
         """Each image with its span in the tokenized prompt (the tile markers between its image
         tokens included), in prompt order."""
-        positions = [i for i, token in enumerate(token_ids) if token == self.image_token_id]
         seq_len = self.processor.image_seq_len
         counts = [num_image_tokens(*image_grid(i.width, i.height, self.processor), seq_len) for i in images]
-        if sum(counts) != len(positions):
-            raise ImagePromptError(
-                f"the prompt has {len(positions)} image tokens where its {len(images)} images need {sum(counts)}"
-            )
-        spans, start = [], 0
-        for image, count in zip(images, counts, strict=True):
-            first, last = positions[start], positions[start + count - 1]
-            spans.append(PromptImage(image, first, last - first + 1))
-            start += count
-        return spans
+        bounds = image_token_bounds(token_ids, self.image_token_id, counts)
+        return [
+            PromptImage(image, first, last - first + 1)
+            for image, (first, last) in zip(images, bounds, strict=True)
+        ]
 
     def tiles(self, image: Image) -> TiledImage:
         """The image's tiles for the engine, made only where its encoder cache lacks the image."""

@@ -22,8 +22,9 @@ from kvserve.models.layers.activation import get_activation
 from kvserve.models.layers.norm import RMSNorm
 from kvserve.models.vision.config import Qwen2_5VisionConfig
 
-# HF prefix of the tower -> ours: transformers 5 saves `model.visual.`, the Hub's original
-# Qwen2.5-VL checkpoints `visual.`.
+# HF prefix of the tower -> ours: the Hub's Qwen2.5-VL checkpoints (and transformers 5.25's
+# save_pretrained, which writes the old names back) say `visual.`; transformers 5's module tree
+# (its state_dict) says `model.visual.`.
 VISION_PREFIXES = (("model.visual.", "visual."), ("visual.", "visual."))
 
 
@@ -38,21 +39,24 @@ def strip_vision_prefix(hf_name: str) -> str | None:
 class Segments(NamedTuple):
     """Attention segments (windows, or whole frames) of a packed sequence, grouped by length so that
     one SDPA call covers every segment of a length: `groups[i]` [num_segments, length] indexes the
-    sequence, and `order` (every group's indices, concatenated) puts the outputs back."""
+    sequence, and `inverse` puts the groups' outputs, concatenated, back in sequence order."""
 
     groups: list[torch.Tensor]
     inverse: torch.Tensor  # [seq_len]: where each position's output lies in the concatenated groups
 
     @staticmethod
-    def from_lengths(lengths: list[int], device: torch.device) -> Segments:
-        starts = torch.tensor([0, *lengths[:-1]], device=device).cumsum(0)
-        lengths_t = torch.tensor(lengths, device=device)
+    def from_lengths(lengths: list[int]) -> Segments:
+        starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
+        lengths_t = torch.tensor(lengths)
         groups = []
         for length in sorted(set(lengths)):
             first = starts[lengths_t == length]  # [num_segments]
-            groups.append(first[:, None] + torch.arange(length, device=device))  # [num_segments, length]
+            groups.append(first[:, None] + torch.arange(length))  # [num_segments, length]
         order = torch.cat([g.reshape(-1) for g in groups])
         return Segments(groups, torch.argsort(order))
+
+    def to(self, device: torch.device) -> Segments:
+        return Segments([g.to(device) for g in self.groups], self.inverse.to(device))
 
 
 class WindowPlan(NamedTuple):
@@ -64,18 +68,27 @@ class WindowPlan(NamedTuple):
     frames: Segments
     positions: torch.Tensor  # [num_patches, 2] (row, col), in window order
 
+    def to(self, device: torch.device) -> WindowPlan:
+        return WindowPlan(
+            self.window_index.to(device),
+            self.windows.to(device),
+            self.frames.to(device),
+            self.positions.to(device),
+        )
 
-def plan_windows(
-    grid_thw: list[tuple[int, int, int]], config: Qwen2_5VisionConfig, device: torch.device
-) -> WindowPlan:
+
+def plan_windows(grid_thw: list[tuple[int, int, int]], config: Qwen2_5VisionConfig) -> WindowPlan:
     """HF's `get_vision_window_index`, `get_vision_position_ids` and `get_vision_cu_seqlens` for
-    patch grids `grid_thw` (each (t, h, w) in patches)."""
+    patch grids `grid_thw` (each (t, h, w) in patches), on the CPU: index bookkeeping, moved to the
+    tower's device in a few copies rather than run there as many tiny kernels."""
     merge, side = config.spatial_merge_size, config.merger_window
     window_index, window_lengths, frame_lengths, positions = [], [], [], []
     num_blocks = 0
     for t, h, w in grid_thw:
+        if t < 1 or h < merge or w < merge or h % merge or w % merge:
+            raise ValueError(f"a patch grid must be whole {merge} x {merge} blocks, not {(t, h, w)}")
         rows, cols = h // merge, w // merge
-        index = torch.arange(t * rows * cols, device=device).view(t, rows, cols)
+        index = torch.arange(t * rows * cols).view(t, rows, cols)
         # Pad to whole windows with -1, cut into windows, then drop the padding.
         pad_h, pad_w = -rows % side, -cols % side
         padded = F.pad(index, (0, pad_w, 0, pad_h), value=-1)
@@ -85,24 +98,24 @@ def plan_windows(
         window_index.append(windows[windows >= 0] + num_blocks)
         window_lengths += [int(n) * merge * merge for n in sizes]
         frame_lengths += [h * w] * t
-        positions.append(_patch_positions(t, h, w, merge, device))
+        positions.append(_patch_positions(t, h, w, merge))
         num_blocks += t * rows * cols
     window_index_t = torch.cat(window_index)
     unit = merge * merge
     positions_t = torch.cat(positions).view(-1, unit, 2)[window_index_t].view(-1, 2)
     return WindowPlan(
         window_index_t,
-        Segments.from_lengths(window_lengths, device),
-        Segments.from_lengths(frame_lengths, device),
+        Segments.from_lengths(window_lengths),
+        Segments.from_lengths(frame_lengths),
         positions_t,
     )
 
 
-def _patch_positions(t: int, h: int, w: int, merge: int, device: torch.device) -> torch.Tensor:
+def _patch_positions(t: int, h: int, w: int, merge: int) -> torch.Tensor:
     """(row, col) of each patch of a frame in the processor's order (merge blocks row-major, the
     patches of a block row-major inside it), repeated for `t` frames: [t * h * w, 2]."""
-    rows = torch.arange(h, device=device)[:, None].expand(h, w)
-    cols = torch.arange(w, device=device)[None, :].expand(h, w)
+    rows = torch.arange(h)[:, None].expand(h, w)
+    cols = torch.arange(w)[None, :].expand(h, w)
     blocks = [
         x.reshape(h // merge, merge, w // merge, merge).transpose(1, 2).reshape(-1) for x in (rows, cols)
     ]
@@ -241,7 +254,9 @@ class Qwen2_5VisionTransformer(nn.Module):
         grid_thw [num_images, 3] (each image's patch grid) -> [num_patches // merge**2,
         out_hidden_size], each image's rows row-major over its merged grid."""
         grids = [(int(t), int(h), int(w)) for t, h, w in grid_thw.tolist()]
-        plan = plan_windows(grids, self.config, pixel_values.device)
+        if sum(t * h * w for t, h, w in grids) != pixel_values.shape[0]:
+            raise ValueError(f"{pixel_values.shape[0]} patches for patch grids {grids}")
+        plan = plan_windows(grids, self.config).to(pixel_values.device)
         unit = self.config.spatial_merge_size**2
         x = self.patch_embed(pixel_values)  # [num_patches, hidden]
         x = x.view(-1, unit, x.shape[-1])[plan.window_index].view(x.shape)
