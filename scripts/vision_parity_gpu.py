@@ -4,7 +4,7 @@ Qwen2.5-VL-3B-Instruct, one 1280x720 screenshot in the middle of a chat prompt.
 
 For each family and engine dtype it reports the greedy tokens of both, how many agree, and the
 largest difference of the log-probabilities kvserve returns (its top 5 and the sampled token's)
-from transformers' at the same steps. The reference is transformers in float32; kvserve runs in
+from transformers' at the same steps, up to the first step whose tokens differ. The reference is transformers in float32; kvserve runs in
 float32 (parity: same tokens, differences of float rounding) and bfloat16 (what serving runs).
 
     python3 scripts/vision_parity_gpu.py --device cuda --tokenizer DIR --json OUT/vision-parity.json
@@ -153,11 +153,13 @@ def _kvserve(
     outputs = engine.generate([request])["r"]
     seconds = time.perf_counter() - started
     tokens = [t for o in outputs for t in o.new_token_ids]
+    agree = next((i for i, (a, b) in enumerate(zip(tokens, expected, strict=True)) if a != b), STEPS)
+    # Compared while both sides saw the same tokens: through the first step whose tokens differ (a
+    # near-tie of random weights), not after it, where the contexts are no longer the same.
     diff = 0.0
-    for step, lp in enumerate(request.output_logprobs):
+    for step, lp in enumerate(request.output_logprobs[: agree + 1]):
         for token_id, value in ((lp.token_id, lp.logprob), *lp.top):
             diff = max(diff, abs(value - reference[step, token_id].item()))
-    agree = next((i for i, (a, b) in enumerate(zip(tokens, expected, strict=True)) if a != b), STEPS)
     return {"kvserve_tokens": tokens, "transformers_tokens": expected, "tokens_agree_before_first_difference": agree,
             "max_abs_logprob_diff": diff, "seconds": seconds}  # fmt: skip
 
