@@ -110,6 +110,9 @@ class DivergenceFinder:
         stored = self._checkpoint(record)
         if stored is not None:
             n = common_prefix_len(prompt, stored)
+            # A checkpoint keeps no images, but the cache matched by hashes that carry them: an
+            # image past the cached prefix was not the checkpoint's (else its blocks had matched).
+            n = next((o for o, _ in record.images if record.num_cached_tokens <= o < n), n)
             if best is None or n > best[0]:
                 best = (n, "checkpoint", record.checkpoint_id or "", stored)
         if best is None or best[0] == 0:

@@ -168,13 +168,43 @@ def test_the_divergence_view_points_at_the_first_token_of_a_changed_image(url: s
     assert divergence["token_index"] == image_token, divergence
 
 
-def _first_image_token(folder: Path, text: str) -> int:
+def test_after_a_restart_the_divergence_from_the_checkpoint_is_at_the_changed_image(
+    folder: Path, tmp_path: Path
+) -> None:
+    """A restarted server's only reference is the disk checkpoint, whose tokens carry no images."""
+    text = "Weather where this is?"
+    system = SYSTEM * 2  # long enough that the first turn is kept on disk
+
+    def send(base: str, image: bytes) -> dict[str, Any]:
+        content = [{"type": "text", "text": text}, _image_part(image)]
+        body = {
+            "model": "m",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": content}],
+        }
+        response = httpx.post(f"{base}/v1/chat/completions", json={**body, "max_tokens": 1}, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    extra = ["--kv-cache-dir", str(tmp_path / "kv"), "--no-kv-cache-preload"]  # a disk hit, not RAM
+    with serve_tiny_vlm(folder, tmp_path / "data", extra) as base:
+        send(base, photo(7))
+    with serve_tiny_vlm(folder, tmp_path / "data", extra) as base:
+        send(base, photo(8))  # same size, other pixels
+        (record,) = httpx.get(f"{base}/kvserve/v1/requests").json()["recent"]
+    image_token = _first_image_token(folder, text, system)
+    assert record["source"] == "disk" and 0 < record["num_cached_tokens"] <= image_token  # whole chunks
+    divergence = record["divergence"]
+    assert divergence is not None and divergence["reference_kind"] == "checkpoint", divergence
+    assert divergence["token_index"] == image_token, divergence
+
+
+def _first_image_token(folder: Path, text: str, system: str = SYSTEM) -> int:
     """Index of the first `<image>` token of the divergence test's prompt, by transformers' processor."""
     import transformers
 
     processor = transformers.AutoProcessor.from_pretrained(folder)
     messages = [
-        {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+        {"role": "system", "content": [{"type": "text", "text": system}]},
         {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image"}]},
     ]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)

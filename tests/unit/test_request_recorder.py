@@ -215,3 +215,16 @@ def test_divergence_at_the_first_token_of_a_changed_image() -> None:
     assert d is not None and (d.reference_id, d.token_index) == ("b", len(tokens))  # the same images
     assert first_image_difference(((2, "h1"),), (), 10) == 2  # an image where the other has text
     assert first_image_difference(((2, "h1"),), ((2, "h9"),), 2) == 2  # past the token prefix: moot
+
+
+def test_divergence_from_a_checkpoint_stops_at_an_image_past_the_cached_prefix() -> None:
+    """A checkpoint's tokens carry no images: the cache hit, which is image-aware, bounds them."""
+    tokens = [1, 2, 3, 4, 7, 7, 7, 5, 6]
+    for cached, expected in ((4, 4), (8, 9)):  # the image at 4 missed / was loaded with its blocks
+        recorder = RequestRecorder()
+        recorder.start("r", tokens, finished_run(len(tokens), cached), ((4, "h1"),))  # type: ignore[arg-type]
+        recorder.note_source("r", PromptSource(0, cached, "ck1"))
+        recorder.end("r")
+        finder = DivergenceFinder(recorder, lambda t: ",".join(map(str, t)), lambda cid: tokens)
+        d = finder.find(recorder.recent()[0])
+        assert d is not None and (d.reference_kind, d.token_index) == ("checkpoint", expected)
