@@ -1,7 +1,8 @@
 """Images and tool calls in one history, through `kvserve serve`'s own wiring (in process) on a tiny
 random-weight SmolVLM folder: exact tool replay hits the cache across an image and the replayed call,
-an image inside a tool result is cached on the next turn (Chat and Anthropic), and the console's
-divergence view points at the first token of an image whose pixels changed."""
+an image inside a tool result is cached on its turn and the next (Chat, Anthropic, Responses), and
+the console's divergence view points at the first token of an image whose pixels changed (against
+an earlier request, and after a restart against the disk checkpoint)."""
 
 from __future__ import annotations
 
@@ -139,9 +140,29 @@ def test_an_image_in_an_anthropic_tool_result_continues_the_calling_turn(url: st
     assert third.usage.cache_read_input_tokens >= _whole_turn(second_total, second.usage.output_tokens)
 
 
-def _console_record(http: httpx.Client, request_id: str) -> dict[str, Any]:
-    records = http.get("/kvserve/v1/requests", params={"limit": 50}).json()["recent"]
-    return next(r for r in reversed(records) if r["request_id"].startswith(request_id))
+def test_responses_image_then_call_then_an_image_output_is_cached(url: str) -> None:
+    oai = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    image = {"type": "input_image", "image_url": "data:image/png;base64," + b64(photo(9))}
+    question = {"role": "user", "content": [image, {"type": "input_text", "text": "Weather there?"}]}
+    first = oai.responses.create(
+        model="m", instructions=SYSTEM, input=[question], tools=tools, store=False,
+        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=40, temperature=0,
+    )  # fmt: skip
+    call = next(item for item in first.output if item.type == "function_call")
+    shot = {"type": "input_image", "image_url": "data:image/png;base64," + b64(photo(10))}
+    output = [{"type": "input_text", "text": RESULT}, shot]
+    second = oai.responses.create(
+        model="m", instructions=SYSTEM, tools=tools, store=False, max_output_tokens=2, temperature=0,
+        input=[
+            question,
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": output},
+        ],
+    )  # fmt: skip
+    assert second.usage.input_tokens_details.cached_tokens >= _whole_turn(
+        first.usage.input_tokens, first.usage.output_tokens
+    )
 
 
 def test_the_divergence_view_points_at_the_first_token_of_a_changed_image(url: str, folder: Path) -> None:
