@@ -170,10 +170,8 @@ class ChatService:
         spec = self.settings.image_prompt
         if spec is not None and any(m.has_images for m in request.messages):
             return self._prepare_with_images(request, spec, param, request_id)
-        if continuation is not None:
-            prompt = self._live_prompt(request, continuation)
-        else:
-            prompt = self._replayed_prompt(request, self.render)
+        prompt = self._live_prompt(request, continuation) if continuation is not None else None
+        prompt = prompt or self._replayed_prompt(request, self.render)  # later turns, Chat
         if prompt is None:
             text = self.render(request)
             prompt = reuse_live_prefix(text, request.messages, self.live_sequences, self._tokenize_rest)

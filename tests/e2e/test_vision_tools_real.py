@@ -140,6 +140,29 @@ def test_an_image_in_an_anthropic_tool_result_continues_the_calling_turn(url: st
     assert third.usage.cache_read_input_tokens >= _whole_turn(second_total, second.usage.output_tokens)
 
 
+def test_a_text_only_anthropic_tool_turn_and_the_turn_after_it_are_cached(url: str) -> None:
+    """The same template mismatch without images: the results' turn continues the live sequence,
+    and so does the turn after it (which re-rendering alone would cut at the call)."""
+    claude = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    tools = [{"name": "get_weather", "description": "Weather of a city.", "input_schema": WEATHER}]
+    turns: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Rome, please?"}]
+    first = claude.messages.create(
+        model="m", system=SYSTEM, tools=tools, tool_choice={"type": "any"}, messages=turns, max_tokens=40
+    )
+    use = next(block for block in first.content if block.type == "tool_use")
+    turns += [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": RESULT}]},
+    ]  # fmt: skip
+    second = claude.messages.create(model="m", system=SYSTEM, tools=tools, messages=turns, max_tokens=3)
+    first_total = first.usage.input_tokens + first.usage.cache_read_input_tokens
+    assert second.usage.cache_read_input_tokens >= _whole_turn(first_total, first.usage.output_tokens)
+    turns += [{"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Tomorrow?"}]
+    third = claude.messages.create(model="m", system=SYSTEM, tools=tools, messages=turns, max_tokens=2)
+    second_total = second.usage.input_tokens + second.usage.cache_read_input_tokens
+    assert third.usage.cache_read_input_tokens >= second_total // BLOCK * BLOCK
+
+
 def test_responses_image_then_call_then_an_image_output_is_cached(url: str) -> None:
     oai = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
