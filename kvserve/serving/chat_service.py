@@ -55,6 +55,7 @@ from kvserve.serving.tool_continuation import (
     PromptTokens,
     continue_sequence,
     find_live_sequence,
+    find_replayed_sequence,
     reuse_live_prefix,
 )
 from kvserve.serving.tool_memory import ToolReplayMemory, attach_replays
@@ -170,6 +171,7 @@ class ChatService:
         if spec is not None and any(m.has_images for m in request.messages):
             return self._prepare_with_images(request, spec, param, request_id)
         prompt = self._live_prompt(request, continuation) if continuation is not None else None
+        prompt = prompt or self._replayed_prompt(request, self.render)  # later turns, Chat
         if prompt is None:
             text = self.render(request)
             prompt = reuse_live_prefix(text, request.messages, self.live_sequences, self._tokenize_rest)
@@ -183,21 +185,30 @@ class ChatService:
         self, request: ChatRequest, spec: ImagePromptSpec, param: str, request_id: str | None
     ) -> PreparedRequest:
         """A vision model's prompt: each image placeholder the template wrote expanded into the
-        image's tokens (the family's `ImagePromptSpec`), then each image's span found in the tokens. The prefix cache and the
-        disk tier find earlier turns by the chain hashes, which carry every image's content hash;
-        live-sequence continuation (token-exact tool turns) stays with text-only prompts."""
+        image's tokens (the family's `ImagePromptSpec`), then each image's span found in the tokens.
+        The prefix cache and the disk tier find earlier turns by the chain hashes, which carry every
+        image's content hash. A history that replays a live tool-call turn continues that turn's
+        exact token ids (as text prompts do); output-only tool results (no calling turn, so no
+        earlier images) are rendered."""
         images = self.renderer.images(request)
+
+        def render(chat: ChatRequest) -> str:
+            return spec.expand(self.render(chat), self.renderer.images(chat))
+
         try:
-            text = spec.expand(self.render(request), images)
-            token_ids = self.prompt_tokens(text)
-            spans = spec.spans(token_ids, images)
+            prompt = self._replayed_prompt(request, render)
+            if prompt is None:
+                text = render(request)
+                prompt = reuse_live_prefix(text, request.messages, self.live_sequences, self._tokenize_rest)
+                prompt = prompt or PromptTokens(self.prompt_tokens(text), text)
+            spans = spec.spans(prompt.token_ids, images)
         except ImagePromptError as error:
             raise RequestError(f"the prompt's images: {error}", param=param) from None
         prepared = self._prepare(
-            token_ids, request.options, param, request_id, chat=request, prompt_text=text
+            prompt.token_ids, request.options, param, request_id, chat=request, prompt_text=prompt.text
         )
         prepared = replace(prepared, images=tuple(spans))
-        return self._constrained(prepared, lambda: self.constraints.for_chat(request, text))
+        return self._constrained(prepared, lambda: self.constraints.for_chat(request, prompt.text))
 
     def _check_images(self, request: ChatRequest, param: str) -> None:
         if not self.settings.supports_images and any(m.has_images for m in request.messages):
@@ -205,6 +216,20 @@ class ChatService:
                 f"the model {self.settings.model_name!r} does not accept image inputs (it has no vision)",
                 param=param,
             )
+
+    def _replayed_prompt(
+        self, request: ChatRequest, render: Callable[[ChatRequest], str]
+    ) -> PromptTokens | None:
+        """A history that replays a live tool-call turn, all before it unchanged: that turn's exact
+        tokens + the rendered tail (its results), whatever the template writes for the turn itself.
+        Part of exact tool replay: off with it (--disable-exact-tool-replay renders canonically)."""
+        if self.tool_memory is None:
+            return None
+        found = find_replayed_sequence(request, self.live_sequences)
+        if found is None:
+            return None
+        cut, sequence = found
+        return continue_sequence(request, cut, sequence, render, self._tokenize_rest)
 
     def _live_prompt(self, request: ChatRequest, wording: ContinuationWording) -> PromptTokens | None:
         found = find_live_sequence(request, wording, self.live_sequences, self.tool_memory)
@@ -351,7 +376,8 @@ class ChatService:
             return
         images = self._image_inputs(prepared) if prepared.images else ()
         run = self._new_run(prepared)
-        self.recorder.start(prepared.request_id, prepared.prompt_token_ids, run)
+        image_keys = tuple((p.offset, p.image.content_hash) for p in prepared.images)
+        self.recorder.start(prepared.request_id, prepared.prompt_token_ids, run, image_keys)
         outputs = self.engine.generate(
             prepared.request_id,
             prepared.prompt_token_ids,

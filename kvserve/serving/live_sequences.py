@@ -38,13 +38,12 @@ class LiveSequence:
 
 
 def request_fingerprint(request: ChatRequest, messages: Iterable[Message]) -> str:
-    """What the prompt of `messages` rendered under `request`'s settings depends on, as one hash."""
+    """What the prompt of `messages` rendered under `request`'s settings depends on, as one hash.
+    Not tool_choice: it renders only through `active_tools` ("none"), and a forced call's turn is
+    continued by the next one, which forces nothing."""
     data: dict[str, Any] = {
         "messages": encode_messages(list(messages)),
         "tools": [asdict(t) for t in request.active_tools],
-        "tool_choice": request.tool_choice
-        if isinstance(request.tool_choice, str)
-        else asdict(request.tool_choice),
         "reasoning": asdict(request.reasoning),
     }
     text = json.dumps(data, ensure_ascii=False, sort_keys=True, default=str)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvserve.serving.request_recorder import RequestRecord, RequestRecorder
+from kvserve.serving.request_recorder import PromptImageKey, RequestRecord, RequestRecorder
 
 ReferenceKind = Literal["request", "checkpoint"]
 # A disk checkpoint's exact tokens by id (None when it is gone); supplied by the server.
@@ -49,6 +49,20 @@ def common_prefix_len(a: array, b: array) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def first_image_difference(
+    images: tuple[PromptImageKey, ...], other: tuple[PromptImageKey, ...], limit: int
+) -> int:
+    """The first token, before `limit`, of an image that is not the same image at the same place in
+    both prompts (`limit` if none): an image's placeholder tokens are the same whatever its pixels."""
+    mine, theirs = dict(images), dict(other)
+    for offset in sorted(mine.keys() | theirs.keys()):
+        if offset >= limit:
+            break
+        if mine.get(offset) != theirs.get(offset):
+            return offset
+    return limit
 
 
 class DivergenceFinder:
@@ -90,11 +104,15 @@ class DivergenceFinder:
         for other in self.recorder.before(record, self.max_candidates):
             assert other.prompt_token_ids is not None
             n = common_prefix_len(prompt, other.prompt_token_ids)
+            n = first_image_difference(record.images, other.images, n)
             if best is None or n > best[0]:
                 best = (n, "request", other.request_id, other.prompt_token_ids)
         stored = self._checkpoint(record)
         if stored is not None:
             n = common_prefix_len(prompt, stored)
+            # A checkpoint keeps no images, but the cache matched by hashes that carry them: an
+            # image past the cached prefix was not the checkpoint's (else its blocks had matched).
+            n = next((o for o, _ in record.images if record.num_cached_tokens <= o < n), n)
             if best is None or n > best[0]:
                 best = (n, "checkpoint", record.checkpoint_id or "", stored)
         if best is None or best[0] == 0:

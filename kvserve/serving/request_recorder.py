@@ -23,6 +23,9 @@ from kvserve.serving.generation_run import GenerationRun
 Outcome = Literal["stop", "length", "aborted"]
 Phase = Literal["queued", "prefill", "decode"]
 SourceKind = Literal["cold", "ram", "disk"]
+# An image of a prompt: the first token of its span and its content hash. Images render to the same
+# placeholder tokens whatever their pixels, so where two prompts diverge needs these too.
+PromptImageKey = tuple[int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,7 @@ class RequestRecord:
     duration_s: float
     outcome: Outcome
     prompt_token_ids: array | None
+    images: tuple[PromptImageKey, ...] = ()  # in prompt order
 
     @property
     def source(self) -> SourceKind:
@@ -105,6 +109,7 @@ class _Live:
     run: GenerationRun
     started: float
     started_mono: float
+    images: tuple[PromptImageKey, ...]
     source: PromptSource | None = None
 
 
@@ -138,8 +143,14 @@ class RequestRecorder:
 
     # -- writers (the event loop; note_source: the engine thread) ---------------------
 
-    def start(self, request_id: str, prompt_token_ids: Sequence[int], run: GenerationRun) -> None:
-        entry = _Live(request_id, prompt_token_ids, run, self._clock(), self._monotonic())
+    def start(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        run: GenerationRun,
+        images: tuple[PromptImageKey, ...] = (),
+    ) -> None:
+        entry = _Live(request_id, prompt_token_ids, run, self._clock(), self._monotonic(), images)
         with self._lock:
             self._live[request_id] = entry
 
@@ -173,6 +184,7 @@ class RequestRecorder:
                 self._monotonic() - entry.started_mono,
                 run.finish_reason or "aborted",
                 tokens,
+                entry.images,
             )
         )
         if self.forward is not None:

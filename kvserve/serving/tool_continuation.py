@@ -113,6 +113,25 @@ def find_live_sequence(
     raise wording.unknown(unknown[0])
 
 
+def find_replayed_sequence(
+    request: ChatRequest, live: LiveSequences | None
+) -> tuple[ToolTail, LiveSequence] | None:
+    """The live sequence whose calling turn `request`'s history replays (its last turn with calls),
+    everything before that turn as it was, cut after that turn; None otherwise (render as usual).
+    Never an error: Chat Completions and image prompts take it, also on later turns, where the
+    rendered history would not continue the sampled text (a template whose history turn opens
+    otherwise than its generation prompt: SmolVLM's adds a space)."""
+    if live is None:
+        return None
+    at = next((i for i in range(len(request.messages) - 1, -1, -1) if request.messages[i].tool_calls), None)
+    if at is None or request.messages[at].role != "assistant":
+        return None
+    keys = _keys(request.messages[at])
+    cut = ToolTail(request.messages[: at + 1], request.messages[at + 1 :], ())
+    sequence = live.lookup(keys)
+    return (cut, sequence) if sequence is not None and _continues(request, cut, keys, sequence) else None
+
+
 def _continues(request: ChatRequest, cut: ToolTail, keys: frozenset[str], sequence: LiveSequence) -> bool:
     """Output-only results trust their ids; a replayed history must be the one the sequence came from."""
     turn = cut.calling_turn

@@ -79,6 +79,25 @@ def test_chat_streams_an_answer_with_usage(page: sync_api.Page) -> None:
     assert page.locator(".msg.user").last.inner_text() == "What is the capital of France?"
 
 
+def test_a_text_model_offers_no_image_attachment(page: sync_api.Page, server: str) -> None:
+    """SmolLM2 takes no images (/v1/models modalities): no attach control, and a pasted image is
+    not queued (the paste goes to the text box as usual)."""
+    page.goto(server + "/#chat")
+    sync_api.expect(page.locator("#model-name")).to_contain_text("ctx 2048")
+    models = httpx.get(f"{server}/v1/models", headers={"x-api-key": KEY}).json()
+    assert models["data"][0]["modalities"]["vision"] is False
+    assert page.locator("#attach").is_hidden()
+    page.evaluate(
+        """() => {
+          const transfer = new DataTransfer();
+          transfer.items.add(new File([new Uint8Array([137, 80, 78, 71])], "x.png", { type: "image/png" }));
+          document.getElementById("chat-input").dispatchEvent(
+            new ClipboardEvent("paste", { clipboardData: transfer, bubbles: true, cancelable: true }));
+        }"""
+    )
+    assert page.locator("#attachments img").count() == 0
+
+
 def test_same_prefix_is_cached_and_shows_its_divergence(page: sync_api.Page, server: str) -> None:
     page.goto(server + "/#chat")
     send_chat(page, "Name a large river in Africa.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
-from kvserve.serving.prompt_divergence import DivergenceFinder, common_prefix_len
+from kvserve.serving.prompt_divergence import DivergenceFinder, common_prefix_len, first_image_difference
 from kvserve.serving.request_recorder import PromptSource, RequestRecorder
 
 
@@ -192,3 +192,39 @@ def test_divergence_prefers_the_loaded_checkpoint_when_it_matches_more() -> None
         "5",
         "9,9",
     )
+
+
+def test_divergence_at_the_first_token_of_a_changed_image() -> None:
+    """Images render to the same placeholder tokens whatever their pixels: the point is where the
+    first image that is not the same image at the same place starts."""
+    recorder = RequestRecorder()
+    clock = Clock()
+    recorder._clock = clock
+    tokens = [1, 2, 7, 7, 7, 3, 7, 7, 7, 4]  # two images of three tokens, at 2 and 6
+    for request_id, images in (("a", ((2, "h1"), (6, "h2"))), ("b", ((2, "h1"), (6, "h3")))):
+        recorder.start(request_id, tokens, finished_run(len(tokens), 0), images)  # type: ignore[arg-type]
+        recorder.end(request_id)
+        clock.now += 1
+    recorder.start("c", tokens, finished_run(len(tokens), 0), ((2, "h1"), (6, "h3")))  # type: ignore[arg-type]
+    recorder.end("c")
+    finder = DivergenceFinder(recorder, lambda t: ",".join(map(str, t)))
+    _, b, c = recorder.recent()
+    d = finder.find(b)
+    assert d is not None and (d.reference_id, d.token_index, d.after) == ("a", 6, "7,7,7,4")
+    d = finder.find(c)
+    assert d is not None and (d.reference_id, d.token_index) == ("b", len(tokens))  # the same images
+    assert first_image_difference(((2, "h1"),), (), 10) == 2  # an image where the other has text
+    assert first_image_difference(((2, "h1"),), ((2, "h9"),), 2) == 2  # past the token prefix: moot
+
+
+def test_divergence_from_a_checkpoint_stops_at_an_image_past_the_cached_prefix() -> None:
+    """A checkpoint's tokens carry no images: the cache hit, which is image-aware, bounds them."""
+    tokens = [1, 2, 3, 4, 7, 7, 7, 5, 6]
+    for cached, expected in ((4, 4), (8, 9)):  # the image at 4 missed / was loaded with its blocks
+        recorder = RequestRecorder()
+        recorder.start("r", tokens, finished_run(len(tokens), cached), ((4, "h1"),))  # type: ignore[arg-type]
+        recorder.note_source("r", PromptSource(0, cached, "ck1"))
+        recorder.end("r")
+        finder = DivergenceFinder(recorder, lambda t: ",".join(map(str, t)), lambda cid: tokens)
+        d = finder.find(recorder.recent()[0])
+        assert d is not None and (d.reference_kind, d.token_index) == ("checkpoint", expected)

@@ -13,6 +13,7 @@ from kvserve.serving.tool_continuation import (
     ANTHROPIC,
     RESPONSES,
     find_live_sequence,
+    find_replayed_sequence,
     rendered_tail,
     reuse_live_prefix,
     split_tool_tail,
@@ -63,6 +64,21 @@ def test_find_live_sequence_rules() -> None:
     with pytest.raises(RequestError) as caught:
         find_live_sequence(ChatRequest(messages=(RESULT,)), ANTHROPIC, LiveSequences(), memory)
     assert caught.value.status == 409
+
+
+def test_find_replayed_sequence_needs_the_calling_turn_and_what_came_before() -> None:
+    live = LiveSequences()
+    live.save(_sequence((SYSTEM, USER)))
+    answer = Message("assistant", (TextPart("18 C, sunny."),))
+    for messages in ((SYSTEM, USER, CALLING, RESULT), (SYSTEM, USER, CALLING, RESULT, answer, REMINDER)):
+        found = find_replayed_sequence(ChatRequest(messages=messages), live)
+        assert found is not None and found[0].calling_turn is CALLING and found[0].tail == messages[3:]
+    forced = ChatRequest(messages=(SYSTEM, USER, CALLING, RESULT), tool_choice="required")
+    assert find_replayed_sequence(forced, live) is not None  # tool_choice does not render
+    edited = (SYSTEM, Message("user", (TextPart("Other?"),)), CALLING, RESULT)
+    assert find_replayed_sequence(ChatRequest(messages=edited), live) is None
+    assert find_replayed_sequence(ChatRequest(messages=(SYSTEM, RESULT)), live) is None  # output only
+    assert find_replayed_sequence(ChatRequest(messages=(SYSTEM, USER, CALLING, RESULT)), None) is None
 
 
 def test_rendered_tail_is_what_the_template_writes_after_the_calling_turn() -> None:

@@ -1,6 +1,6 @@
 // Tabs (#chat, #cache), the key button, and the model name.
 import { apiJson, askForKey } from "./api.js";
-import { initChat } from "./chat.js";
+import { initChat, setImageInput } from "./chat.js";
 import { initCache, setCacheVisible } from "./cache.js";
 
 function show() {
@@ -18,6 +18,7 @@ async function loadModel() {
     const model = models.data[0];
     document.getElementById("model-name").textContent = `${model.id} · ctx ${model.max_model_len}`;
     window.kvserveModel = model.id;
+    setImageInput(Boolean(model.modalities?.vision));
   } catch (error) {
     document.getElementById("model-name").textContent = `(${error.message})`;
   }

@@ -1,8 +1,11 @@
 // Chat playground over the server's own Chat Completions API (streaming).
 import { apiFetch } from "./api.js";
 
-const history = [];  // OpenAI messages of the conversation so far
+const history = [];  // OpenAI messages of the conversation so far (images stay in it: resent each turn)
 const pendingCalls = [];  // tool calls of the last answer that still need a result (the next sends)
+const IMAGE_TYPES = ["image/png", "image/jpeg", "image/webp", "image/gif"];
+let pendingImages = [];  // data: URIs attached to the message being written
+let takesImages = false;  // the served model's /v1/models modalities.vision
 let controller = null;
 let numSent = 0;
 
@@ -27,13 +30,74 @@ function settings() {
   return body;
 }
 
-function bubble(role, text = "") {
+function bubble(role, text = "", images = []) {
   const div = document.createElement("div");
   div.className = `msg ${role}`;
   div.textContent = text;
+  if (images.length) div.append(thumbnails(images));
   $("messages").append(div);
   div.scrollIntoView({ block: "end" });
   return div;
+}
+
+// Small previews; `remove(index)` adds a button to each that drops it.
+function thumbnails(images, remove = null) {
+  const row = document.createElement("div");
+  row.className = "thumbs";
+  images.forEach((uri, index) => {
+    const item = document.createElement("span");
+    const img = document.createElement("img");
+    img.src = uri;  // only data:image/... URIs read from the user's own files (readImage)
+    img.alt = "attached image";
+    item.append(img);
+    if (remove) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = "×";
+      button.title = "Remove";
+      button.addEventListener("click", () => remove(index));
+      item.append(button);
+    }
+    row.append(item);
+  });
+  return row;
+}
+
+function readImage(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => (String(reader.result).startsWith("data:image/") ? resolve(reader.result) : reject(new Error("not an image")));
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+async function attach(files) {
+  if (!takesImages) return;
+  for (const file of files) {
+    if (IMAGE_TYPES.includes(file.type)) pendingImages.push(await readImage(file));
+  }
+  showPending();
+}
+
+function showPending() {
+  $("attachments").replaceChildren(thumbnails(pendingImages, (index) => {
+    pendingImages.splice(index, 1);
+    showPending();
+  }));
+}
+
+// The model takes images: show the attach control (paste and drop work only then too).
+export function setImageInput(enabled) {
+  takesImages = enabled;
+  $("attach").hidden = !enabled;
+}
+
+// A message's content: the text alone, or OpenAI content parts with the images first.
+function messageContent(text, images) {
+  if (!images.length) return text;
+  const parts = images.map((url) => ({ type: "image_url", image_url: { url } }));
+  return text ? [...parts, { type: "text", text }] : parts;
 }
 
 // One assistant message being streamed: folded reasoning, text, tool calls, usage.
@@ -103,7 +167,7 @@ async function readEvents(response, onData) {
   }
 }
 
-async function send(text) {
+async function send(text, images = []) {
   let options;
   try {
     options = settings();
@@ -114,11 +178,11 @@ async function send(text) {
   }
   const call = pendingCalls.shift();
   if (call) {
-    bubble("tool", `${call.function.name} → ${text}`);
-    history.push({ role: "tool", tool_call_id: call.id, content: text });
+    bubble("tool", `${call.function.name} → ${text}`, images);
+    history.push({ role: "tool", tool_call_id: call.id, content: messageContent(text, images) });
   } else {
-    bubble("user", text);
-    history.push({ role: "user", content: text });
+    bubble("user", text, images);
+    history.push({ role: "user", content: messageContent(text, images) });
   }
   updatePlaceholder();
   if (pendingCalls.length) return;  // every call of the turn needs its result before the model goes on
@@ -200,9 +264,32 @@ export function initChat() {
   $("chat-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = $("chat-input").value.trim();
-    if (!text || controller) return;
+    if ((!text && !pendingImages.length) || controller) return;
     $("chat-input").value = "";
-    send(text);
+    const images = pendingImages;
+    pendingImages = [];
+    showPending();
+    send(text, images);
+  });
+  $("attach").addEventListener("click", () => $("attach-input").click());
+  $("attach-input").addEventListener("change", async (event) => {
+    await attach([...event.target.files]);
+    event.target.value = "";  // the same file again is a change too
+  });
+  $("chat-input").addEventListener("paste", (event) => {
+    const files = [...event.clipboardData.files];
+    if (files.length && takesImages) {
+      event.preventDefault();
+      attach(files);
+    }
+  });
+  $("chat-form").addEventListener("dragover", (event) => {
+    if (takesImages) event.preventDefault();  // allows the drop
+  });
+  $("chat-form").addEventListener("drop", (event) => {
+    if (!takesImages) return;
+    event.preventDefault();
+    attach([...event.dataTransfer.files]);
   });
   $("chat-input").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) {
@@ -215,6 +302,8 @@ export function initChat() {
     controller?.abort();
     history.length = 0;
     pendingCalls.length = 0;
+    pendingImages = [];
+    showPending();
     updatePlaceholder();
     $("messages").replaceChildren();
   });

