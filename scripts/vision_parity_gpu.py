@@ -46,11 +46,16 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--tiny", action="store_true", help="the tests' tiny shapes (a quick check on CPU)")
+    parser.add_argument(
+        "--layers", type=int, default=0, help="real widths, this many decoder and vision layers"
+    )
     args = parser.parse_args()
     results = []
     for family in args.families:
         started = time.perf_counter()
-        folder = _build(family, Path(tempfile.mkdtemp(prefix=f"{family}-")), args.tokenizer, args.tiny)
+        folder = _build(
+            family, Path(tempfile.mkdtemp(prefix=f"{family}-")), args.tokenizer, args.tiny, args.layers
+        )
         print(f"{family}: folder in {time.perf_counter() - started:.0f} s", flush=True)
         prompt, image = _prompt(folder)
         expected, reference = _transformers(family, folder, prompt, image, args.device)
@@ -71,14 +76,26 @@ def main() -> None:
         )
 
 
-def _build(family: str, folder: Path, tokenizer: Path | None, tiny: bool) -> Path:
+def _build(family: str, folder: Path, tokenizer: Path | None, tiny: bool, layers: int) -> Path:
     if family == "smolvlm-256m":
         from tests.models.tiny_vlm import SMOLVLM_256M, save_tiny_vlm
 
-        return save_tiny_vlm(folder, shapes=None if tiny else SMOLVLM_256M, tokenizer_dir=tokenizer)
+        shapes = None if tiny else _fewer_layers(SMOLVLM_256M, layers, "num_hidden_layers")
+        return save_tiny_vlm(folder, shapes=shapes, tokenizer_dir=tokenizer)
     from tests.models.tiny_qwen_vl import QWEN25_VL_3B, save_tiny_qwen_vl
 
-    return save_tiny_qwen_vl(folder, shapes=None if tiny else QWEN25_VL_3B, tokenizer_dir=tokenizer)
+    shapes = None if tiny else _fewer_layers(QWEN25_VL_3B, layers, "depth")
+    return save_tiny_qwen_vl(folder, shapes=shapes, tokenizer_dir=tokenizer)
+
+
+def _fewer_layers(shapes: dict[str, Any], layers: int, vision_key: str) -> dict[str, Any]:
+    """The real widths with `layers` decoder and vision layers (0: all), for a check on a small host."""
+    if not layers:
+        return shapes
+    vision = {**shapes["vision"], vision_key: layers}
+    if "fullatt_block_indexes" in vision:
+        vision["fullatt_block_indexes"] = [layers - 1]
+    return {**shapes, "text": {**shapes["text"], "num_hidden_layers": layers}, "vision": vision}
 
 
 def _prompt(folder: Path) -> tuple[list[int], ImageInput]:

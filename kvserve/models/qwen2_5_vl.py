@@ -19,7 +19,7 @@ from kvserve.models.layers.rotary import MRotaryEmbedding, RotaryEmbedding
 from kvserve.models.qwen2 import Qwen2ForCausalLM
 from kvserve.models.vision.config import Qwen2_5VisionConfig
 from kvserve.models.vision.merge import scatter_image_rows
-from kvserve.models.vision.qwen2_5_vl_vision import Qwen2_5VisionTransformer
+from kvserve.models.vision.qwen2_5_vl_vision import Qwen2_5VisionTransformer, VisionRotary
 
 # HF prefix -> ours. transformers 5 nests the decoder and the tower under `model.`; the released
 # checkpoints (transformers 4) keep the decoder at `model.` and the tower at `visual.`.
@@ -44,6 +44,12 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
     def build_rotary(self, arch: ModelArchConfig, layer_type: LayerType) -> RotaryEmbedding:
         assert arch.mrope_section is not None
         return MRotaryEmbedding(arch.head_dim, arch.rope_theta, arch.rope_scaling_dict, arch.mrope_section)
+
+    def reset_buffers(self) -> None:
+        super().reset_buffers()
+        for module in self.visual.modules():
+            if isinstance(module, VisionRotary):
+                module.reset_parameters()
 
     @property
     def image_token_id(self) -> int:

@@ -160,3 +160,17 @@ def test_low_bit_weights_quantize_the_decoder_and_leave_the_tower_dense(saved: S
     prompt, images = _prompt(saved, LAYOUTS["middle"], seed=7)
     tokens, _ = _run(engine, prompt, images)
     assert len(tokens) == GREEDY.max_tokens
+
+
+def test_loading_recomputes_the_towers_rotary_table(saved: Saved) -> None:
+    """The model is built on the meta device and moved with `to_empty`: the loader fills parameters
+    only, so a buffer not recomputed holds whatever memory it got (garbage rows, now and then NaN)."""
+    from kvserve.models.loader.safetensors import load_hf_model
+    from kvserve.models.vision.qwen2_5_vl_vision import VisionRotary
+
+    for _ in range(3):  # other allocations each time
+        model = load_hf_model(saved.path, torch.float32).model
+        tables = [m for m in model.visual.modules() if isinstance(m, VisionRotary)]
+        assert tables
+        for table in tables:
+            torch.testing.assert_close(table.inv_freq, VisionRotary(model.vision).inv_freq, rtol=0, atol=0)

@@ -150,9 +150,18 @@ class VisionRotary(nn.Module):
 
     def __init__(self, config: Qwen2_5VisionConfig) -> None:
         super().__init__()
-        dim = config.head_dim // 2
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+        self.dim, self.theta = config.head_dim // 2, config.rope_theta
+        self.inv_freq = nn.Buffer(self._inv_freq(), persistent=False)
+
+    def _inv_freq(self) -> torch.Tensor:
+        return 1.0 / (
+            self.theta ** (torch.arange(0, self.dim, 2, dtype=torch.float, device="cpu") / self.dim)
+        )
+
+    def reset_parameters(self) -> None:
+        """Recompute `inv_freq`: a model built on the meta device and moved with `to_empty` holds
+        uninitialized memory there (the loader fills parameters, not buffers)."""
+        self.inv_freq = self._inv_freq().to(self.inv_freq.device)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[num_patches, 2] (row, col) -> cos, sin [num_patches, head_dim] float32."""
