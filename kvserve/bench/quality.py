@@ -218,6 +218,13 @@ def engine_settings(engine: EngineCore) -> dict:
     }
 
 
+def describe(settings: dict) -> str:
+    """An engine's settings in a few words, for the table."""
+    words = [settings["dtype"], f"{settings['weight_quant']} decode weights", f"{settings['kv_dtype']} KV"]
+    words += ["bf16 prefill"] * settings["bf16_prefill"] + ["int8 prefill"] * settings["int8_prefill"]
+    return ", ".join([*words, f"ctx {settings['ctx']}"])
+
+
 def run_row(
     build: Callable[[EngineConfig], EngineCore],
     name: str,

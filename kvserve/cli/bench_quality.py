@@ -5,6 +5,7 @@ and text (kvserve/bench/quality.py says why it is a bench and not an eval)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace, rows: list[str], scratch: Path) -> dict:
     """The reference once, then every row against it, then llama-perplexity; the report as JSON."""
-    from kvserve.bench.quality import ReferenceStore, reference_config, reference_run, run_row
+    from kvserve.bench.quality import ReferenceStore, describe, reference_config, reference_run, run_row
     from kvserve.engine.build import build_engine
 
     def build(config):
@@ -112,7 +113,8 @@ def measure(args: argparse.Namespace, rows: list[str], scratch: Path) -> dict:
     results = []
     for name in rows:
         if name == CONFIG_ROW:
-            results.append(run_row(build, name, "the engine flags given", flags, text, reference))
+            result = run_row(build, name, "", flags, text, reference)
+            results.append(dataclasses.replace(result, what=f"the flags given: {describe(result.settings)}"))
         else:
             row = ROWS[name]
             config = row.config(reference_config(flags), reference.facts["model_context"])
@@ -237,14 +239,18 @@ def print_report(report: dict) -> None:
         table.add_row("llama.cpp", "llama-perplexity, same GGUF (its defaults)", *_figures(llama))
     else:
         table.add_row("llama.cpp", llama["kl"], f"{llama['perplexity']:.4f}", "", "", "", "")
-    Console(stderr=True).print(table)
+    Console(stderr=True, width=None if sys.stderr.isatty() else 140).print(table)
 
 
 def _figures(row: dict) -> tuple[str, ...]:
     return (
         f"{row['perplexity']:.4f}",
         f"{(row['ppl_ratio'] - 1) * 100:+.2f}%",
-        f"{row['kl_mean']:.5f}",
-        f"{row['kl_p99']:.5f}",
+        _small(row["kl_mean"]),
+        _small(row["kl_p99"]),
         f"{row['top1_agreement'] * 100:.1f}%",
     )
+
+
+def _small(value: float) -> str:
+    return f"{value:.6f}" if value == 0 or value >= 1e-4 else f"{value:.1e}"
