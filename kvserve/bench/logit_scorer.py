@@ -41,6 +41,7 @@ class LogitScorer:
         self._model = engine.runner.model
         self._block_size = engine.config.cache.block_size
         self._num_blocks = engine.num_blocks
+        self._max_model_len = engine.max_model_len
         self._step_tokens = engine.config.scheduler.max_num_batched_tokens
         self.mode = mode
 
@@ -48,6 +49,10 @@ class LogitScorer:
     def logprobs(self, token_ids: list[int], first_scored: int) -> torch.Tensor:
         """Log-softmax rows [len(token_ids) - 1 - first_scored, vocab] (float32) of the distributions
         at positions first_scored .. len - 2 (each predicting the next token)."""
+        if len(token_ids) > self._max_model_len:
+            raise ValueError(
+                f"a {len(token_ids)}-token chunk exceeds the engine's context ({self._max_model_len})"
+            )
         num_blocks = -(-len(token_ids) // self._block_size)
         if num_blocks + 1 > self._num_blocks:
             raise ValueError(

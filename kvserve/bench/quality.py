@@ -121,7 +121,7 @@ def score_engine(engine: EngineCore, text: ScoredText, out: np.ndarray) -> Score
     row = 0
     for chunk in text.chunks:
         logprobs = scorer.logprobs(chunk_tokens(text.token_ids, chunk, text.bos_token_id), chunk.first_scored)
-        out[row : row + len(logprobs)] = logprobs.numpy()
+        out[row : row + len(logprobs)] = logprobs.cpu().numpy()
         row += len(logprobs)
     assert row == len(out), (row, len(out))
     return score(out, scored_targets(text.token_ids, text.chunks))

@@ -146,6 +146,10 @@ def _scored_text(engine, args: argparse.Namespace):  # -> ScoredText
     from kvserve.bench.quality import ScoredText
 
     tokenizer = engine.loaded.tokenizer
+    if args.chunk_ctx > engine.max_model_len:
+        sys.exit(
+            f"kvserve: --chunk-ctx {args.chunk_ctx} exceeds the model's context ({engine.max_model_len})"
+        )
     if tokenizer.tokenizer is None:
         sys.exit("kvserve: the model has no tokenizer")
     token_ids = tokenizer.tokenizer.encode(args.text.read_text(encoding="utf-8"), add_special_tokens=False)
