@@ -15,10 +15,11 @@ Two ways to feed a chunk (`ScoreMode`), because a served request computes its to
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 
+from kvserve.bench.quality_rows import ScoreMode
 from kvserve.engine.outputs import ScheduledRequest
 from kvserve.engine.request import Request
 from kvserve.engine.runner.batch import build_model_inputs
@@ -27,9 +28,6 @@ from kvserve.models.layers.attention.metadata import forward_context
 
 if TYPE_CHECKING:
     from kvserve.engine.core import EngineCore
-
-ScoreMode = Literal["prompt", "decode"]
-SCORE_MODES: tuple[ScoreMode, ...] = ("prompt", "decode")
 
 
 class LogitScorer:

@@ -14,7 +14,6 @@ llama-perplexity's `--kl-divergence-base` does.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import hashlib
 import json
@@ -26,72 +25,20 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from kvserve.bench.logit_scorer import ScoreMode
-from kvserve.bench.perplexity import Chunk, Comparison, Scores, chunk_tokens, compare, score, scored_targets
-from kvserve.config import CacheConfig, EngineConfig, WeightQuantName
+from kvserve.bench.perplexity import (
+    Chunk,
+    Comparison,
+    Scores,
+    chunk_tokens,
+    compare,
+    score,
+    scored_targets,
+)
+from kvserve.bench.quality_rows import ScoreMode
+from kvserve.config import EngineConfig
 
 if TYPE_CHECKING:
     from kvserve.engine.core import EngineCore
-
-DEFAULT_TEXT = Path(__file__).with_name("data") / "alice.txt"
-
-
-@dataclass(frozen=True)
-class Row:
-    """One configuration to measure: a change to the reference's, isolating one path."""
-
-    name: str
-    what: str  # what it exercises, for the table
-    weight_quant: WeightQuantName = "none"
-    kv_dtype: str = "float32"
-    bf16_prefill: bool = False
-    int8_prefill: bool = False
-    context_factor: int = 0  # > 0: --ctx at this many times the model's own context (YaRN)
-
-    def config(self, reference: EngineConfig, model_context: int) -> EngineConfig:
-        return dataclasses.replace(
-            reference,
-            weight_quant=self.weight_quant,
-            bf16_prefill=self.bf16_prefill,
-            int8_prefill=self.int8_prefill,
-            max_model_len=model_context * self.context_factor if self.context_factor else 0,
-            cache=dataclasses.replace(reference.cache, kv_dtype=self.kv_dtype),  # type: ignore[arg-type]
-        )
-
-
-ROWS = {
-    row.name: row
-    for row in (
-        Row("int4", "int4 weights, int8-rounded activations (decode-sized batches)", weight_quant="int4"),
-        Row("int8", "int8 weights (decode-sized batches)", weight_quant="int8"),
-        Row("fp16-kv", "float16 KV pool", kv_dtype="float16"),
-        Row(
-            "bf16-prefill",
-            "int4 decode + bf16 dense weights and attention for prompts",
-            "int4",
-            bf16_prefill=True,
-        ),
-        Row("int8-prefill", "int4 decode + int4 x int8 GEMM for prompts", "int4", int8_prefill=True),
-        Row("yarn-x4", "YaRN x4: --ctx at 4x the model's context, short text", context_factor=4),
-    )
-}
-CONFIG_ROW = "config"  # the engine flags given: kvserve's defaults when none are
-
-
-def reference_config(flags: EngineConfig) -> EngineConfig:
-    """Dense fp32 weights, fp32 KV, the model's own context; the flags' model, device and budget."""
-    return dataclasses.replace(
-        flags,
-        dtype="float32",
-        weight_quant="none",
-        bf16_prefill=False,
-        int8_prefill=False,
-        max_model_len=0,
-        rope_scaling=None,
-        rope_scale=0.0,
-        cache=CacheConfig(block_size=flags.cache.block_size, kv_dtype="float32"),
-        kv_store=None,
-    )
 
 
 @dataclass(frozen=True)

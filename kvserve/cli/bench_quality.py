@@ -12,8 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvserve.bench.logit_scorer import SCORE_MODES
-from kvserve.bench.quality import CONFIG_ROW, DEFAULT_TEXT, ROWS
+from kvserve.bench.quality_rows import CONFIG_ROW, DEFAULT_TEXT, ROWS, SCORE_MODES
 from kvserve.cli.engine_args import add_engine_args, engine_config_from_args
 
 DEFAULT_ROWS = (CONFIG_ROW, *ROWS)
@@ -98,7 +97,8 @@ def run(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace, rows: list[str], scratch: Path) -> dict:
     """The reference once, then every row against it, then llama-perplexity; the report as JSON."""
-    from kvserve.bench.quality import ReferenceStore, describe, reference_config, reference_run, run_row
+    from kvserve.bench.quality import ReferenceStore, describe, reference_run, run_row
+    from kvserve.bench.quality_rows import reference_config
     from kvserve.engine.build import build_engine
 
     def build(config):

@@ -14,14 +14,8 @@ import torch
 
 from kvserve.bench.logit_scorer import LogitScorer
 from kvserve.bench.perplexity import chunk_plan, chunk_tokens
-from kvserve.bench.quality import (
-    ROWS,
-    ReferenceStore,
-    ScoredText,
-    reference_config,
-    reference_run,
-    run_row,
-)
+from kvserve.bench.quality import ReferenceStore, ScoredText, reference_run, run_row
+from kvserve.bench.quality_rows import ROWS, reference_config
 from kvserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from kvserve.engine.core import EngineCore
 from tests.engine.conftest import VOCAB, load_tiny
