@@ -56,7 +56,12 @@ ROWS = {
             bf16_prefill=True,
         ),
         Row("int8-prefill", "int4 decode + int4 x int8 GEMM for prompts", "int4", int8_prefill=True),
-        Row("yarn-x4", "YaRN x4: --ctx at 4x the model's context, short text", context_factor=4),
+        Row(
+            "yarn-x2",
+            "YaRN x2: --ctx at 2x the model's context (make serve's 16K for SmolLM2)",
+            context_factor=2,
+        ),
+        Row("yarn-x4", "YaRN x4: --ctx at 4x the model's context (32K for SmolLM2)", context_factor=4),
     )
 }
 CONFIG_ROW = "config"  # the engine flags given: kvserve's defaults when none are
