@@ -113,7 +113,13 @@ class Reference(NamedTuple):
 def reference_run(engine: EngineCore, text: ScoredText, store: ReferenceStore) -> Reference:
     """The reference engine's log-probabilities: from `store` when it holds this model and text,
     else scored now and stored."""
-    key = {"model": str(engine.loaded.path), "fingerprint": engine.loaded.fingerprint, **text.key()}
+    key = {
+        "model": str(engine.loaded.path),
+        "fingerprint": engine.loaded.fingerprint,
+        "settings": engine_settings(engine),
+        "step_tokens": engine.config.scheduler.max_num_batched_tokens,
+        **text.key(),
+    }
     found = store.load(key)
     targets = scored_targets(text.token_ids, text.chunks)
     if found is not None:
