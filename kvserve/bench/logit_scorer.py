@@ -2,7 +2,7 @@
 the same `build_model_inputs`, attention metadata, paged KV pool (at the engine's KV dtype), model
 forward and LM head a served request runs, with the true tokens fed in place of sampled ones.
 
-Two ways to feed a chunk (`ScoreMode`), because a served request computes its tokens on two paths:
+Three ways to feed a chunk (`ScoreMode`), because a served request computes its tokens on two paths:
 - `prompt`: the whole chunk is one prompt, prefilled in steps of the engine's token budget
   (`--max-num-batched-tokens`, as the scheduler chunks a long prompt); every distribution comes
   from the prompt path (dense weights or `--bf16-prefill`/`--int8-prefill`, prompt attention).
@@ -10,6 +10,9 @@ Two ways to feed a chunk (`ScoreMode`), because a served request computes its to
   distribution (as a served answer's first token), then each later token is fed as a one-token
   decode step, so the scored distributions and their KV come from the decode path (the low-bit
   `--weight-quant` kernels, decode attention) over a context the prompt path computed.
+- `reuse`: every token after the first is a one-token decode step, the unscored half too, so the
+  scored tokens attend to KV the decode path wrote: a next turn over the cached KV of the previous
+  turn's answer (against `decode`, whose context KV the prompt path wrote: the same turn cold).
 """
 
 from __future__ import annotations
@@ -57,12 +60,15 @@ class LogitScorer:
                 f"a {len(token_ids)}-token chunk needs {num_blocks + 1} KV blocks; the pool has {self._num_blocks}"
             )
         block_ids = list(range(1, num_blocks + 1))
-        prompt_len = len(token_ids) - 1 if self.mode == "prompt" else first_scored + 1
+        prompt_len = {"prompt": len(token_ids) - 1, "decode": first_scored + 1, "reuse": 1}[self.mode]
         request = Request("score", list(token_ids[:prompt_len]), SamplingParams(max_tokens=len(token_ids)))
         rows = list(self._prefill(request, block_ids, first_scored))
-        for token_id in token_ids[prompt_len : len(token_ids) - 1]:
-            request.output_token_ids.append(token_id)
-            rows.append(self._forward(request, 1, block_ids, [0]))
+        for position in range(prompt_len, len(token_ids) - 1):
+            request.output_token_ids.append(token_ids[position])
+            is_scored = position >= first_scored
+            logits = self._forward(request, 1, block_ids, [0] if is_scored else [])
+            if is_scored:
+                rows.append(logits)
         return torch.cat(rows).log_softmax(dim=-1)
 
     def _prefill(self, request: Request, block_ids: list[int], first_scored: int) -> Iterator[torch.Tensor]:

@@ -12,10 +12,10 @@ from typing import Literal
 
 from kvserve.config import CacheConfig, EngineConfig, WeightQuantName
 
-# How a chunk's tokens reach the model (logit_scorer.py): all as one prompt, or the scored ones as
-# one-token decode steps.
-ScoreMode = Literal["prompt", "decode"]
-SCORE_MODES: tuple[ScoreMode, ...] = ("prompt", "decode")
+# How a chunk's tokens reach the model (logit_scorer.py): all as one prompt, the scored ones as
+# one-token decode steps, or all of them as decode steps (the context's KV written by decode).
+ScoreMode = Literal["prompt", "decode", "reuse"]
+SCORE_MODES: tuple[ScoreMode, ...] = ("prompt", "decode", "reuse")
 
 DEFAULT_TEXT = Path(__file__).with_name("data") / "alice.txt"
 

@@ -53,7 +53,8 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
         choices=SCORE_MODES,
         default="decode",
         help="decode: scored tokens are one-token decode steps after a prompt, as an answer's "
-        "tokens are (default); prompt: each chunk is one prompt",
+        "tokens are (default); prompt: each chunk is one prompt; reuse: all tokens are decode steps, "
+        "so the context's KV is decode's, as a next turn's cached answer",
     )
     q.add_argument(
         "--rows",

@@ -42,7 +42,7 @@ def _text(mode: str) -> ScoredText:
     return ScoredText(token_ids, None, chunk_plan(len(token_ids), 64), mode)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("mode", ["prompt", "decode"])
+@pytest.mark.parametrize("mode", ["prompt", "decode", "reuse"])
 def test_scored_log_probs_are_transformers_at_the_same_positions(
     tiny_llama_dir: Path, hf_tiny_llama, mode: str
 ) -> None:
