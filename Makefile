@@ -44,7 +44,7 @@ MODEL ?= smollm2
 # (docs/clients.md). CTX=32768 for more room; CTX=0 runs the model at its own context.
 CTX ?= 16384
 
-.PHONY: setup serve test test-fast bench bench-peer llama-server clean
+.PHONY: setup serve test test-fast bench bench-peer llama-server llama-perplexity clean
 
 setup: $(STAMP) $(KERNEL_STAMP)
 
@@ -84,23 +84,29 @@ $(VENV)/.llama-cpp-stamp: $(STAMP)
 		'llama-cpp-python[server]==0.3.36'
 	touch $@
 
-# Order-only on setup: the server build needs only pip and a compiler, not a re-install of kvserve.
-# The sources and objects (~1 GB) are removed once the static binary is in place.
-$(LLAMA_SERVER_DIR)/bin/llama-server: | $(STAMP)
-	@echo "llama-server build flags: $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)"
-	rm -rf $(LLAMA_SERVER_DIR) && mkdir -p $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/bin
-	$(PIP) download -q --no-binary :all: --no-deps -d $(LLAMA_SERVER_DIR)/src 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
-	tar -xzf $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_SERVER_DIR)/src
-	cmake -S $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp \
-		-B $(LLAMA_SERVER_DIR)/build $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)
-	nice -n 10 cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j $(LLAMA_SERVER_JOBS)
-	cp $(LLAMA_SERVER_DIR)/build/bin/llama-server $(LLAMA_SERVER_DIR)/bin.tmp && mv $(LLAMA_SERVER_DIR)/bin.tmp $@
-	rm -rf $(LLAMA_SERVER_DIR)/src $(LLAMA_SERVER_DIR)/build
+# Order-only on setup: the builds need only pip and a compiler, not a re-install of kvserve. Each tool
+# (llama-server for `kvserve bench`, llama-perplexity for `kvserve bench quality`) builds only its own
+# target, in its own source and build folders, so one never rebuilds or removes the other; the sources
+# and objects (~1 GB) are removed once the static binary is in place.
+LLAMA_TOOLS := llama-server llama-perplexity
+$(LLAMA_TOOLS:%=$(LLAMA_SERVER_DIR)/bin/%): $(LLAMA_SERVER_DIR)/bin/%: | $(STAMP)
+	@echo "$* build flags: $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)"
+	rm -rf $(LLAMA_SERVER_DIR)/src-$* $(LLAMA_SERVER_DIR)/build-$*
+	mkdir -p $(LLAMA_SERVER_DIR)/src-$* $(LLAMA_SERVER_DIR)/bin
+	$(PIP) download -q --no-binary :all: --no-deps -d $(LLAMA_SERVER_DIR)/src-$* 'llama-cpp-python==$(LLAMA_CPP_VERSION)'
+	tar -xzf $(LLAMA_SERVER_DIR)/src-$*/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_SERVER_DIR)/src-$*
+	cmake -S $(LLAMA_SERVER_DIR)/src-$*/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp \
+		-B $(LLAMA_SERVER_DIR)/build-$* $(LLAMA_CMAKE_ARGS) $(LLAMA_SERVER_CMAKE_ARGS)
+	nice -n 10 cmake --build $(LLAMA_SERVER_DIR)/build-$* --target $* -j $(LLAMA_SERVER_JOBS)
+	cp $(LLAMA_SERVER_DIR)/build-$*/bin/$* $(LLAMA_SERVER_DIR)/bin/$*.tmp && mv $(LLAMA_SERVER_DIR)/bin/$*.tmp $@
+	rm -rf $(LLAMA_SERVER_DIR)/src-$* $(LLAMA_SERVER_DIR)/build-$*
 
-$(VENV)/bin/llama-server: $(LLAMA_SERVER_DIR)/bin/llama-server
-	ln -sfn ../llama-server/$(LLAMA_SERVER_KEY)/bin/llama-server $@
+$(LLAMA_TOOLS:%=$(VENV)/bin/%): $(VENV)/bin/%: $(LLAMA_SERVER_DIR)/bin/%
+	ln -sfn ../llama-server/$(LLAMA_SERVER_KEY)/bin/$* $@
 
 llama-server: $(VENV)/bin/llama-server
+
+llama-perplexity: $(VENV)/bin/llama-perplexity
 
 bench-peer: $(VENV)/.llama-cpp-stamp $(VENV)/bin/llama-server
 

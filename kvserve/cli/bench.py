@@ -1,5 +1,6 @@
 """`kvserve bench engine`: engine throughput beside llama.cpp on the same GGUF; the HTTP benchmarks
-(`serve`, `multiturn`, `context`, `compare`) are registered from `bench_serving.py`."""
+(`serve`, `multiturn`, `context`, `compare`) are registered from `bench_serving.py`, `quality` from
+`bench_quality.py`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import platform
 from pathlib import Path
 
 from kvserve.bench.shape_configs import SHAPES
-from kvserve.cli import bench_serving
+from kvserve.cli import bench_quality, bench_serving
 from kvserve.cli.engine_args import add_engine_args, engine_config_from_args
 from kvserve.engine.build import build_engine
 
@@ -46,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_engine_args(e)
     e.set_defaults(func=run_engine, max_num_batched_tokens=2048)
     bench_serving.register(bench_sub)  # serve | multiturn | context | compare (HTTP benchmarks)
+    bench_quality.register(bench_sub)  # quality: perplexity and KL divergence of the fast paths
 
 
 def run_engine(args: argparse.Namespace) -> None:

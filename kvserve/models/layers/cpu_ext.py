@@ -58,14 +58,16 @@ def load() -> Any | None:
 
     _put_ninja_on_path()
     try:
-        name, src, build = _build_folders(Path(__file__).with_name("csrc"))
+        name, src, build = _build_folders(Path(__file__).with_name("csrc"), compile_key())
         with _build_lock(build):
+            if not (build / f"{name}.so").exists():
+                logger.warning("compiling the CPU kernels in %s (once per installation: 1-3 minutes)", build)
             return cpp_extension.load(
                 name=name,
                 sources=[str(src / file) for file in _SOURCES],
                 extra_include_paths=[str(src)],
                 extra_cflags=list(_CFLAGS),
-                extra_ldflags=["-fopenmp"],
+                extra_ldflags=list(_LDFLAGS),
                 build_directory=str(build),
                 verbose=False,
             )
@@ -79,11 +81,34 @@ def load() -> Any | None:
 # whatever --threads said. The extension binds to the libgomp torch has already loaded (same
 # soname), so torch.set_num_threads governs both.
 _CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
+_LDFLAGS = ("-fopenmp",)
 
 
-def _build_folders(csrc: Path) -> tuple[str, Path, Path]:
-    """(module name, source folder, build folder), keyed by everything in the compile command: the
-    sources' content, the flags, torch's version and the include paths.
+def compile_key() -> tuple[str, ...]:
+    """Everything besides the sources that goes into the compile and link commands torch writes: the
+    compiler torch picks (its own `CXX` lookup), our flags, torch's version and C++ ABI, torch's and
+    Python's include paths (inside each virtualenv) and the Python ABI of the module's file name."""
+    import sysconfig
+
+    import torch
+    from torch.utils.cpp_extension import include_paths
+
+    python_abi = sysconfig.get_config_var("EXT_SUFFIX") or ""
+    return (
+        os.environ.get("CXX", "c++"),
+        *_CFLAGS,
+        *_LDFLAGS,
+        torch.__version__,
+        f"cxx11_abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *include_paths(),
+        sysconfig.get_paths()["include"],
+        python_abi,
+    )
+
+
+def _build_folders(csrc: Path, key: tuple[str, ...]) -> tuple[str, Path, Path]:
+    """(module name, source folder, build folder), named by the sources' content and the `key`
+    (`compile_key()`: everything else in the compile command).
 
     torch's own cache is keyed by the extension's name, and ninja rebuilds whenever a compile command
     changes, which the absolute source paths are part of: two checkouts (a CI clone, a worktree)
@@ -92,14 +117,8 @@ def _build_folders(csrc: Path) -> tuple[str, Path, Path]:
     Python's, inside each virtualenv) are in the command too: two installations on one machine
     would otherwise rebuild each other's kernels at every start, so each gets its own folder.
     """
-    import sysconfig
-
-    import torch
-    from torch.utils.cpp_extension import include_paths
-
     files = sorted(p for p in csrc.iterdir() if p.suffix in (".cpp", ".h"))
-    command = (*_CFLAGS, torch.__version__, *include_paths(), sysconfig.get_paths()["include"])
-    digest = hashlib.sha256(" ".join(command).encode())
+    digest = hashlib.sha256("\0".join(key).encode())
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     name = f"kvserve_cpu_kernels_{digest.hexdigest()[:12]}"
