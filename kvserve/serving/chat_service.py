@@ -39,6 +39,7 @@ from kvserve.serving.engine_protocol import (
     SamplingParamsError,
     TokenConstraint,
     TokenizerLike,
+    engine_image_key,
 )
 from kvserve.serving.errors import ContextLengthExceededError, RequestError
 from kvserve.serving.events import Failed, Finished, GenerationEvent, Usage
@@ -363,7 +364,9 @@ class ChatService:
         spec = self.settings.image_prompt
         assert spec is not None
         return tuple(
-            ImageInput(p.image.content_hash, p.offset, p.num_tokens, spec.tiles(p.image), grid=p.grid)
+            ImageInput(
+                engine_image_key(p.image, spec), p.offset, p.num_tokens, spec.tiles(p.image), grid=p.grid
+            )
             for p in prepared.images
         )
 

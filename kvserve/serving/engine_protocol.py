@@ -18,6 +18,7 @@ from kvserve.engine.request import FinishReason as EngineFinishReason
 from kvserve.engine.sampling_params import SamplingParams, SamplingParamsError
 from kvserve.models.generation_config import SamplingDefaults
 from kvserve.models.vision.image_prompt import ImagePromptError, ImagePromptSpec, PromptImage
+from kvserve.models.vision.prompt_image import engine_image_key
 
 __all__ = [
     "CheckpointHint",
@@ -34,6 +35,7 @@ __all__ = [
     "SamplingParamsError",
     "TokenConstraint",
     "TokenizerLike",
+    "engine_image_key",
 ]
 
 

@@ -14,11 +14,15 @@ import openai
 import pytest
 
 from kvserve.models.loader.gguf_export import GGUFPair, write_gguf_pair
-from tests.e2e import test_vision_real
 from tests.e2e.test_vision_real import _chat, _hf_greedy, _photo
+from tests.e2e.tiny_vlm_server import tiny_vlm_folder
 from tests.serve_process import in_process_server
 
-folder = test_vision_real.folder  # the same fixture: a tiny SmolVLM folder (skipped without SmolLM2)
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny SmolVLM folder (skipped without SmolLM2's tokenizer): the pair is Idefics3's."""
+    return tiny_vlm_folder(tmp_path_factory.mktemp("tiny-smolvlm"))
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import xxhash
+
 from kvserve.chat.image import Image
 
 if TYPE_CHECKING:
@@ -68,3 +70,12 @@ def image_token_bounds(
         bounds.append((positions[start], positions[start + count - 1]))
         start += count
     return bounds
+
+
+def engine_image_key(image: Image, spec: ImagePromptSpec) -> str:
+    """What names an image for the engine (its encoder cache, the KV blocks its tokens touch, the
+    disk tier): its pixels and how they become encoder input. The processor's settings are part
+    of it, so that the same picture under other settings (a new `max_pixels` or tile size in the
+    model folder, another mmproj) never reuses rows or KV made under the old ones, across restarts
+    too. Specs are frozen dataclasses, whose repr is stable."""
+    return xxhash.xxh3_128(f"{image.content_hash}:{spec!r}".encode()).hexdigest()
