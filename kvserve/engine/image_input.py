@@ -11,23 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from kvserve.models.vision.pixel_source import PixelSource
 
 if TYPE_CHECKING:
     import torch
-
-
-class PixelSource(Protocol):
-    """An image's tiles, [num_tiles, channels, side, side] float32 on the CPU."""
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The tiles' shape, known without making them."""
-        ...
-
-    def tensor(self) -> torch.Tensor:
-        """The tiles (may decode and resize the image: called on an encoder-cache miss only)."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,10 @@ def test_a_start_failure_or_a_stranger_fails_the_link_start() -> None:
 def _fake_core() -> SimpleNamespace:
     """What `EngineProcess` reads of the core before any request."""
     loaded = SimpleNamespace(
-        tokenizer=None, arch=SimpleNamespace(vocab_size=256, vision=None), path=Path(".")
+        tokenizer=None,
+        arch=SimpleNamespace(vocab_size=256, vision=None),
+        path=Path("."),
+        image_processor=None,
     )
     return SimpleNamespace(disk_tier=None, loaded=loaded, max_model_len=2048)
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import xxhash
 
 from kvserve.chat.image import Image
-
-if TYPE_CHECKING:
-    from kvserve.engine.image_input import PixelSource
+from kvserve.models.vision.pixel_source import PixelSource
 
 
 class ImagePromptError(ValueError):
