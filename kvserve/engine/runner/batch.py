@@ -91,14 +91,13 @@ def _rope_positions(
     """The rotary positions of the flat batch whose token indices are `index`: the indices
     themselves unless a request lays images out on M-RoPE grids; [3, num_tokens] where a chunk holds
     such an image's tokens (every other token's three positions equal)."""
-    layouts = [(row, s.request.position_layout) for row, s in enumerate(scheduled)]
-    layouts = [(row, layout) for row, layout in layouts if layout is not None]
-    if not layouts:
-        return index
     spans = [
-        (row, layout, scheduled[row].start, scheduled[row].start + scheduled[row].num_new_tokens)
-        for row, layout in layouts
+        (row, s.request.position_layout, s.start, s.start + s.num_new_tokens)
+        for row, s in enumerate(scheduled)
+        if s.request.position_layout is not None
     ]
+    if not spans:
+        return index
     if not any(layout.touches_grid(start, end) for _, layout, start, end in spans):
         shifted = index.copy()
         for row, layout, start, end in spans:
