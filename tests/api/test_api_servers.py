@@ -80,9 +80,23 @@ async def _leave_mid_stream(url: str) -> None:
 
 def _wait_idle(url: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
-    while _metric(url, "kvserve_num_running_seqs") + _metric(url, "kvserve_num_waiting_seqs"):
+    while _busy(url):
         assert time.monotonic() < deadline, "the engine still runs requests nobody reads"
         time.sleep(0.2)
+
+
+def _busy(url: str) -> float:
+    """Running + waiting sequences. Right after a front end is killed, a connection the kernel had
+    already queued on its listening socket (SO_REUSEPORT picks one per connection) is reset: asked
+    again, the next connection goes to a live front end."""
+    for attempt in range(5):
+        try:
+            return _metric(url, "kvserve_num_running_seqs") + _metric(url, "kvserve_num_waiting_seqs")
+        except (httpx.ReadError, httpx.ConnectError, httpx.RemoteProtocolError):
+            if attempt == 4:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
 
 
 def _console(url: str) -> dict:
