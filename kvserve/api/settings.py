@@ -15,3 +15,6 @@ class ApiSettings:
     max_body_bytes: int = 64 * 2**20
     owned_by: str = "kvserve"
     image_limits: ImageLimits = field(default_factory=ImageLimits)  # what every request's images may be
+    # A cluster replica names itself in the Responses ids it mints (`resp_<tag>_…`), so that the router
+    # sends a `previous_response_id` to the replica that stored it (kvserve/cluster/routing_keys.py).
+    response_id_prefix: str = "resp_"

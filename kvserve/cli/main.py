@@ -1,4 +1,4 @@
-"""`kvserve` root command: serve | generate | chat | agent | eval | models | bench | kv."""
+"""`kvserve` root command: serve | cluster | generate | chat | agent | eval | models | bench | kv."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from kvserve.env import EnvSwitchError, switches
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from kvserve.cli import agent, bench, chat, generate, kv, models, serve
+    from kvserve.cli import agent, bench, chat, cluster, generate, kv, models, serve
     from kvserve.cli import eval as eval_cmd
 
     parser = argparse.ArgumentParser(prog="kvserve", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kvserve {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve, generate, chat, agent, eval_cmd, models, bench, kv):
+    for module in (serve, cluster, generate, chat, agent, eval_cmd, models, bench, kv):
         module.register(sub)
     return parser
 

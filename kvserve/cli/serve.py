@@ -282,6 +282,7 @@ def build_app_over(
         cors=args.cors,
         max_body_bytes=args.max_body_mb * 2**20,
         image_limits=ImageLimits(args.max_images_per_request, args.max_image_pixels),
+        response_id_prefix=getattr(args, "response_id_prefix", "resp_"),  # set by cluster replicas
     )
     store = ResponseStore(_data_dir(args.data_dir) / "responses.sqlite")
     handle.feed_prompt_sources(service.recorder)

@@ -33,6 +33,7 @@ class Harness:
     http: httpx.AsyncClient
     openai: openai.AsyncOpenAI
     anthropic: anthropic.AsyncAnthropic
+    app: Any = None  # the FastAPI app itself (the cluster's ASGI bridge drives it directly)
 
     async def sse(self, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
         """POST a streaming request; return (event name, parsed data) per SSE frame, comments skipped."""
@@ -84,6 +85,7 @@ def make_harness(
         http,
         openai.AsyncOpenAI(base_url="http://kvserve/v1", api_key="k", http_client=sdk_http, max_retries=0),
         anthropic.AsyncAnthropic(base_url="http://kvserve", api_key="k", http_client=sdk_http, max_retries=0),
+        app,
     )
 
 

@@ -46,7 +46,13 @@ async def responses(request: Request) -> Response:
     prepared = await prepare(request, service.prepare_chat, chat, param="input", continuation=RESPONSES)
     model = wire.model or request.app.state.settings.served_model_name
     echo = _echo(wire, service.settings.sampling_defaults.values())
-    encoder = ResponsesEncoder(new_id("resp_"), model, echo, wants_reasoning_summary(wire), chat.tools)
+    encoder = ResponsesEncoder(
+        new_id(request.app.state.settings.response_id_prefix),
+        model,
+        echo,
+        wants_reasoning_summary(wire),
+        chat.tools,
+    )
     events = generate(request, prepared)
     history = conversation(wire, chat)
     if wire.stream:

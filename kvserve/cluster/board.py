@@ -1,0 +1,37 @@
+"""What the router knows, for the ingress's /metrics: each replica's published stats and in-flight
+count, and the routing decisions taken. The router runs inside the ingress's process (a handle's
+router lives with the handle), so one board per process joins them without another actor."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvserve.cluster.policy import Reason
+from kvserve.cluster.replica_stats import ReplicaStats
+
+
+@dataclass
+class RoutingBoard:
+    replicas: dict[str, ReplicaStats] = field(default_factory=dict)  # by replica tag
+    num_ongoing: dict[str, int] = field(default_factory=dict)  # by replica tag, as this router counts
+    decisions: Counter[tuple[Reason, str]] = field(default_factory=Counter)  # (reason, replica tag)
+    num_moved: int = 0  # requests whose session's replica had gone and went elsewhere
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the router's loop vs /metrics
+
+    def set_replicas(self, stats: dict[str, ReplicaStats], ongoing: dict[str, int]) -> None:
+        with self.lock:
+            self.replicas = dict(stats)
+            self.num_ongoing = dict(ongoing)
+
+    def count_decision(self, reason: Reason, replica_tag: str) -> None:
+        with self.lock:
+            self.decisions[(reason, replica_tag)] += 1
+
+    def snapshot(self) -> tuple[dict[str, ReplicaStats], dict[str, int], Counter[tuple[Reason, str]]]:
+        with self.lock:
+            return dict(self.replicas), dict(self.num_ongoing), Counter(self.decisions)
+
+
+BOARD = RoutingBoard()

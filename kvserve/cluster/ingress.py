@@ -1,0 +1,104 @@
+"""The cluster's ingress (a light Ray Serve deployment behind Ray's HTTP proxy): it reads the body
+once, takes the routing keys from it (`routing_keys`), and forwards the request to the replicas'
+deployment through a streaming `DeploymentHandle`, whose router (`ray_router`) sees those keys as the
+call's first argument. Its reply streams back chunk by chunk. A replica that dies before answering
+is retried on another; one that dies mid-stream ends the stream with the protocol's error."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ray.exceptions import ActorUnavailableError, RayActorError, RayError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from kvserve.api.body import read_body
+from kvserve.api.errors import ApiError, error_response
+from kvserve.cluster.asgi_bridge import ForwardedRequest, ReplyHead
+from kvserve.cluster.cluster_metrics import render_metrics
+from kvserve.cluster.routing_keys import RoutingKeys, extract_routing_keys
+from kvserve.cluster.stream_failure import failure_frames
+
+logger = logging.getLogger(__name__)
+
+REPLICA_HEADER = b"x-kvserve-replica"
+# A replica that dies before its first byte: the request is sent again, to a live one, this many times.
+_MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class IngressSettings:
+    max_body_bytes: int = 64 * 2**20
+
+
+class ClusterIngress:
+    def __init__(self, replicas: DeploymentHandle, settings: IngressSettings) -> None:
+        self.replicas = replicas.options(method_name="forward", stream=True)
+        self.settings = settings
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path
+        if path == "/metrics" and request.method == "GET":
+            return Response(render_metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        try:
+            body = await read_body(request, self.settings.max_body_bytes)
+        except ApiError as error:
+            return error_response(path, error)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers.raw}
+        client = (request.client.host, request.client.port) if request.client else None
+        keys = extract_routing_keys(request.method, path, headers, body, client[0] if client else None)
+        forwarded = ForwardedRequest(
+            request.method, path, request.url.query.encode(), tuple(request.headers.raw), body, client
+        )
+        return await self._forward(keys, forwarded)
+
+    async def _forward(self, keys: RoutingKeys, request: ForwardedRequest) -> Response:
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            stream: DeploymentResponseGenerator = self.replicas.remote(keys, request)
+            try:
+                head = await stream.__anext__()
+            except (RayActorError, ActorUnavailableError) as error:
+                stream.cancel()
+                logger.warning(
+                    "%s %s: replica failed before answering (attempt %d): %s",
+                    request.method,
+                    request.path,
+                    attempt,
+                    error,
+                )
+                continue
+            except (RayError, StopAsyncIteration) as error:
+                stream.cancel()
+                logger.error("%s %s: replica error: %s", request.method, request.path, error)
+                return error_response(
+                    request.path, ApiError(502, f"the replica failed: {type(error).__name__}")
+                )
+            assert isinstance(head, ReplyHead)
+            response = StreamingResponse(_body(stream, request.path, head), status_code=head.status)
+            # Which replica answered: for logs, the console's user and the kill test.
+            response.raw_headers = [*head.headers, (REPLICA_HEADER, head.replica_tag.encode())]
+            return response
+        return error_response(request.path, ApiError(503, "no kvserve replica could take the request"))
+
+
+async def _body(stream: DeploymentResponseGenerator, path: str, head: ReplyHead) -> AsyncIterator[bytes]:
+    is_sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in head.headers)
+    finished = False
+    try:
+        async for chunk in stream:
+            yield chunk
+        finished = True
+    except RayError as error:
+        logger.warning("%s: replica %s failed mid-answer: %s", path, head.replica_tag, type(error).__name__)
+        if is_sse:
+            message = f"the kvserve replica serving this request failed ({type(error).__name__}); retry"
+            for frame in failure_frames(path, message):
+                yield frame.encode()
+        # A JSON body is cut short: its content-length makes the client's read fail at once.
+        finished = True
+    finally:
+        if not finished:  # the client went away: cancel the request on its replica
+            stream.cancel()
