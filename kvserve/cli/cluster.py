@@ -51,6 +51,12 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         help="torch threads in each replica (default: --num-cpus-per-replica, at least 1)",
     )
     g.add_argument(
+        "--num-gpus-per-replica",
+        type=float,
+        default=0.0,
+        help="Ray GPUs reserved by each replica (1 on CUDA: one replica per GPU; pass --device cuda too)",
+    )
+    g.add_argument(
         "--max-replicas-per-node", type=_positive_int, default=None, help="spread replicas over the nodes"
     )
     g.add_argument(
@@ -67,6 +73,14 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_cluster_args(argv: list[str]) -> argparse.Namespace:
+    """`kvserve cluster`'s flags outside the command line (a RayService's `args`)."""
+    parser = argparse.ArgumentParser(prog="kvserve cluster")
+    add_serve_args(parser)
+    add_cluster_args(parser)
+    return parser.parse_args(argv)
+
+
 def spec_from_args(args: argparse.Namespace):  # -> ClusterSpec (imported lazily: Ray is an extra)
     from kvserve.cluster.application import ClusterSpec
     from kvserve.cluster.policy import PolicySettings
@@ -74,6 +88,7 @@ def spec_from_args(args: argparse.Namespace):  # -> ClusterSpec (imported lazily
     return ClusterSpec(
         num_replicas=args.replicas,
         num_cpus_per_replica=args.num_cpus_per_replica,
+        num_gpus_per_replica=args.num_gpus_per_replica,
         torch_threads=args.torch_threads or max(1, int(args.num_cpus_per_replica)),
         router=args.router,
         policy=PolicySettings(max_load=args.max_load),

@@ -25,6 +25,7 @@ _STATS_PERIOD_S = 2.0
 class ClusterSpec:
     num_replicas: int = 2
     num_cpus_per_replica: float = 1.0
+    num_gpus_per_replica: float = 0.0
     torch_threads: int = 1
     router: RouterKind = "affinity"
     policy: PolicySettings = field(default_factory=PolicySettings)
@@ -38,7 +39,7 @@ def build_application(serve_args: argparse.Namespace, spec: ClusterSpec) -> Appl
     replica_options: dict[str, object] = {
         "name": "kvserve-replica",
         "num_replicas": spec.num_replicas,
-        "ray_actor_options": {"num_cpus": spec.num_cpus_per_replica},
+        "ray_actor_options": {"num_cpus": spec.num_cpus_per_replica, "num_gpus": spec.num_gpus_per_replica},
         "max_ongoing_requests": spec.max_ongoing_requests,
         # A model load takes a while on CPU; Ray's default health check would give up first.
         "health_check_timeout_s": 120,
@@ -66,3 +67,16 @@ def build_application(serve_args: argparse.Namespace, spec: ClusterSpec) -> Appl
     args = argparse.Namespace(**{k: v for k, v in vars(serve_args).items() if k != "func"})
     settings = IngressSettings(max_body_bytes=args.max_body_mb * 2**20)
     return ingress.bind(replica.bind(args, spec.torch_threads), settings)
+
+
+def app_builder(args: dict[str, str]) -> Application:
+    """For a Serve config file or KubeRay's RayService (`import_path:
+    kvserve.cluster.application:app_builder`): `args: {flags: "<kvserve cluster flags>"}`, the same
+    flags as the command line (deploy/kuberay-rayservice.yaml). Ray's config, not these flags, says
+    where the proxy listens."""
+    import shlex
+
+    from kvserve.cli.cluster import parse_cluster_args, spec_from_args
+
+    parsed = parse_cluster_args(shlex.split(args.get("flags", "")))
+    return build_application(parsed, spec_from_args(parsed))

@@ -211,6 +211,14 @@ def test_metrics_show_each_replica_and_the_routers_decisions(servers: Servers) -
     assert 'kvserve_prefix_cache_hit_rate{replica="all"}' in metrics
 
 
+def test_the_console_is_served_by_one_replica_per_client(servers: Servers) -> None:
+    page = httpx.get(f"{servers.cluster}/", timeout=30)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    polls = [httpx.get(f"{servers.cluster}/kvserve/v1/requests", timeout=30) for _ in range(3)]
+    assert all(p.status_code == 200 for p in polls)
+    assert len({p.headers["x-kvserve-replica"] for p in [page, *polls]}) == 1
+
+
 def test_a_killed_replica_ends_its_streams_cleanly_and_its_sessions_move(servers: Servers) -> None:
     """Last in the file: the killed replica is replaced by Ray in the background."""
     with httpx.stream(**_long_stream(servers.cluster, "doomed")) as response:

@@ -28,6 +28,8 @@ FORBIDDEN = {
     "api": {"engine", "models", "torch"},
     "agent": {"engine", "models", "serving", "api", "torch", "cli"},
     "eval": {"engine", "models", "cli"},
+    # A cluster replica reaches its engine only through `kvserve serve`'s composition (cli/serve.py).
+    "cluster": {"engine", "models"},
     # The CLI runs the benchmarks (`kvserve bench`), never the other way round.
     "bench": {"cli"},
 }
