@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -35,6 +35,7 @@ class HttpRequest:
     api: Api
     body: dict[str, Any]
     prompt_len: int  # the client's own token count, used when the server reports no usage
+    headers: tuple[tuple[str, str], ...] = ()  # e.g. an agent's session id (`bench multiturn`)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,10 @@ async def stream_request(
         answered = False
         try:
             async with http.stream(
-                "POST", base_url.rstrip("/") + request.api.path, json=request.body
+                "POST",
+                base_url.rstrip("/") + request.api.path,
+                json=request.body,
+                headers=dict(request.headers),
             ) as response:
                 answered = True
                 if response.status_code != 200:
@@ -221,8 +225,13 @@ async def stream_request(
             return _failed(request, f"{type(error).__name__}: {error}")
         except httpx.HTTPError as error:
             return _failed(request, f"{type(error).__name__}: {error}")
-        return recorder.result(request.prompt_len, request.body.get("max_tokens"))
+        result = recorder.result(request.prompt_len, request.body.get("max_tokens"))
+        return replace(result, served_by=response.headers.get(SERVED_BY_HEADER, ""))
     raise AssertionError("unreachable: the second attempt returns")
+
+
+# `kvserve cluster` names the replica that answered (kvserve/cluster/ingress.py).
+SERVED_BY_HEADER = "x-kvserve-replica"
 
 
 def _failed(request: HttpRequest, reason: str) -> RequestResult:

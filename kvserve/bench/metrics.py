@@ -31,6 +31,7 @@ class RequestResult:
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, None if not reported
     error: str = ""
     generated_text: str = ""
+    served_by: str = ""  # the replica that answered, where the server says (`kvserve cluster`)
 
     @property
     def tpot(self) -> float:

@@ -152,6 +152,9 @@ class MultiturnTarget:
     api: Api = Api.CHAT
     rules: StreamRules = STRICT
     logit_bias: dict[str, float] | None = None
+    # Sent with each agent's id, as agents do (Claude Code: X-Claude-Code-Session-Id): what a
+    # session-affine router (`kvserve cluster`) keeps a conversation on one replica by.
+    session_header: str | None = None
 
 
 class MultiturnBench:
@@ -163,6 +166,7 @@ class MultiturnBench:
         self.target, self.tokenizer, self.config, self.progress = target, tokenizer, config, progress
         self.text = load_session_text(tokenizer, config.prefix_tokens, config.fixture)
         self.sessions = [AgentSession(a, self.text.system_prompt) for a in range(config.num_agents)]
+        self.completed: list[TurnResult] = []
         # Drawn up front: a 1920x1080 PNG takes ~0.1 s, which inside the event loop would delay
         # reading the other agents' streams and inflate their TTFTs.
         self.screenshots = {
@@ -178,6 +182,7 @@ class MultiturnBench:
         if cut is None or restart is None or not 0 < cut < self.config.num_turns:
             return asyncio.run(self._turns(1, self.config.num_turns, is_after_restart=False, stagger=True))
         before = asyncio.run(self._turns(1, cut, is_after_restart=False, stagger=True))
+        self.completed = before  # what the hook may look at (bench cluster: which replica to kill)
         restart()
         return before + asyncio.run(
             self._turns(cut + 1, self.config.num_turns, is_after_restart=True, stagger=False)
@@ -227,7 +232,10 @@ class MultiturnBench:
             model=self.target.model,
             logit_bias=self.target.logit_bias,
         )
-        request = HttpRequest(self.target.api, body, session.prompt_len_estimate(self.tokenizer))
+        headers = ()
+        if self.target.session_header:
+            headers = ((self.target.session_header, f"kvserve-bench-{c.seed}-{session.agent}"),)
+        request = HttpRequest(self.target.api, body, session.prompt_len_estimate(self.tokenizer), headers)
         result = await stream_request(http, self.target.base_url, request, self.target.rules)
         if result.is_success:
             session.messages.append({"role": "assistant", "content": result.generated_text})
