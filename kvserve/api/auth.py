@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -53,9 +54,14 @@ class ApiKeyMiddleware:
         return path in _OPEN_PATHS or is_page or is_probe or scope["method"] == "OPTIONS"
 
     def _has_key(self, scope: Scope) -> bool:
-        headers = dict(scope["headers"])
-        candidates = [headers.get(b"x-api-key", b"")]
-        authorization = headers.get(b"authorization", b"")
-        if authorization[:7].lower() == b"bearer ":
-            candidates.append(authorization[7:].strip())
-        return any(hmac.compare_digest(c, self.api_key) for c in candidates if c)
+        return has_api_key(scope["headers"], self.api_key)
+
+
+def has_api_key(raw_headers: Iterable[tuple[bytes, bytes]], api_key: bytes) -> bool:
+    """Whether the headers (lower-case names) carry the key, as `x-api-key` or a Bearer token."""
+    headers = dict(raw_headers)
+    candidates = [headers.get(b"x-api-key", b"")]
+    authorization = headers.get(b"authorization", b"")
+    if authorization[:7].lower() == b"bearer ":
+        candidates.append(authorization[7:].strip())
+    return any(hmac.compare_digest(c, api_key) for c in candidates if c)

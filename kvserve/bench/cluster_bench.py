@@ -111,7 +111,7 @@ def _replica_killer(address: str, bench: MultiturnBench, killed: list[str]) -> C
     def kill() -> None:
         import ray
 
-        tag = next(r.served_by for r in reversed(bench.completed) if r.agent == 0)
+        tag = next(r.result.served_by for r in reversed(bench.completed) if r.agent == 0)
         ray.init(address=address, namespace="serve", logging_level="WARNING")
         try:
             actor = next(

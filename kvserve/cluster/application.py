@@ -65,7 +65,7 @@ def build_application(serve_args: argparse.Namespace, spec: ClusterSpec) -> Appl
         max_ongoing_requests=100_000,  # streams are long; the replicas' own limit is the real one
     )
     args = argparse.Namespace(**{k: v for k, v in vars(serve_args).items() if k != "func"})
-    settings = IngressSettings(max_body_bytes=args.max_body_mb * 2**20)
+    settings = IngressSettings(max_body_bytes=args.max_body_mb * 2**20, api_key=args.api_key)
     return ingress.bind(replica.bind(args, spec.torch_threads), settings)
 
 

@@ -15,6 +15,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from kvserve.api.auth import has_api_key
 from kvserve.api.body import read_body
 from kvserve.api.errors import ApiError, error_response
 from kvserve.cluster.asgi_bridge import ForwardedRequest, ReplyHead
@@ -32,6 +33,7 @@ _MAX_ATTEMPTS = 3
 @dataclass(frozen=True)
 class IngressSettings:
     max_body_bytes: int = 64 * 2**20
+    api_key: str | None = None  # the replicas check it on their routes; the ingress on its /metrics
 
 
 class ClusterIngress:
@@ -42,6 +44,9 @@ class ClusterIngress:
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
         if path == "/metrics" and request.method == "GET":
+            key = self.settings.api_key
+            if key and not has_api_key(request.headers.raw, key.encode()):
+                return error_response(path, ApiError(401, "invalid or missing API key"))
             return Response(render_metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
         try:
             body = await read_body(request, self.settings.max_body_bytes)
