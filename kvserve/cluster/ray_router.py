@@ -14,6 +14,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 # The board through its module: this module is pickled by value (Ray ships the router class so), and a
 # name imported from elsewhere would travel as a copy of the object instead of the process's one.
 from kvserve.cluster import board
+from kvserve.cluster.in_flight import InFlight
 from kvserve.cluster.policy import AffinityPolicy, PolicySettings, ReplicaView, RoutingDecision
 from kvserve.cluster.replica_stats import ReplicaStats
 from kvserve.cluster.routing_keys import RoutingKeys
@@ -27,8 +28,7 @@ class KvserveRequestRouter(RequestRouter):
         self._policy = AffinityPolicy(PolicySettings(**kwargs))
         # internal request id -> (its keys, the decision), until Ray says where it went
         self._pending: dict[str, tuple[RoutingKeys, RoutingDecision]] = {}
-        # internal request id -> replica, while it runs (the load the policy sees)
-        self._running: dict[str, ReplicaID] = {}
+        self._in_flight = InFlight()  # the load the policy sees, by full replica id
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -36,23 +36,24 @@ class KvserveRequestRouter(RequestRouter):
         if pending_request is None or not candidate_replicas:
             return [candidate_replicas]
         keys = _keys_of(pending_request)
-        ongoing = self._ongoing_by_replica()
-        views = [
-            ReplicaView(r.replica_id.to_full_id_str(), r.replica_id.unique_id, ongoing.get(r.replica_id, 0))
-            for r in candidate_replicas
-        ]
-        decision = self._policy.choose(keys, views, time.time())
-        self._pending[pending_request.metadata.internal_request_id] = (keys, decision)
+        now = time.time()
+        ongoing = self._in_flight.counts(now)
+        views = [_view(r, ongoing) for r in candidate_replicas]
+        decision = self._policy.choose(keys, views, now)
+        request_id = pending_request.metadata.internal_request_id
+        self._pending[request_id] = (keys, decision)
+        self._in_flight.chosen(request_id, decision.replica_id, now)
         chosen = [r for r in candidate_replicas if r.replica_id.to_full_id_str() == decision.replica_id]
         rest = sorted(
-            (r for r in candidate_replicas if r not in chosen), key=lambda r: ongoing.get(r.replica_id, 0)
+            (r for r in candidate_replicas if r not in chosen),
+            key=lambda r: ongoing.get(r.replica_id.to_full_id_str(), 0),
         )
         return [chosen, rest] if rest else [chosen]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         request_id = pending_request.metadata.internal_request_id
         keys, decision = self._pending.pop(request_id, (_keys_of(pending_request), None))
-        self._running[request_id] = replica_id
+        self._in_flight.routed(request_id, replica_id.to_full_id_str(), time.time())
         self._policy.record(keys, replica_id.to_full_id_str(), time.time())
         if decision is not None and decision.replica_id == replica_id.to_full_id_str():
             board.BOARD.count_decision(decision.reason, replica_id.unique_id)
@@ -61,7 +62,7 @@ class KvserveRequestRouter(RequestRouter):
         self._publish()
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self._running.pop(internal_request_id, None)
+        self._in_flight.finished(internal_request_id)
         self._pending.pop(internal_request_id, None)
         self._publish()
 
@@ -79,14 +80,7 @@ class KvserveRequestRouter(RequestRouter):
     def _forget(self, replica_id: ReplicaID) -> None:
         logger.info("router: replica %s is gone; its sessions will be routed afresh", replica_id.unique_id)
         self._policy.forget_replica(replica_id.to_full_id_str())
-        for request_id in [k for k, v in self._running.items() if v == replica_id]:
-            del self._running[request_id]
-
-    def _ongoing_by_replica(self) -> dict[ReplicaID, int]:
-        counts: dict[ReplicaID, int] = {}
-        for replica_id in self._running.values():
-            counts[replica_id] = counts.get(replica_id, 0) + 1
-        return counts
+        self._in_flight.forget_replica(replica_id.to_full_id_str())
 
     def _publish(self) -> None:
         """The replicas' published stats and this router's counts, for the ingress's /metrics."""
@@ -94,8 +88,17 @@ class KvserveRequestRouter(RequestRouter):
         for replica in self._replicas.values():
             published = ReplicaStats.from_dict(replica.routing_stats or {})
             stats[replica.replica_id.unique_id] = published or ReplicaStats(tag=replica.replica_id.unique_id)
-        ongoing = {rid.unique_id: n for rid, n in self._ongoing_by_replica().items()}
+        counts = self._in_flight.counts(time.time())
+        ongoing = {
+            r.replica_id.unique_id: counts.get(r.replica_id.to_full_id_str(), 0)
+            for r in self._replicas.values()
+        }
         board.BOARD.set_replicas(stats, ongoing)
+
+
+def _view(replica: RunningReplica, ongoing: dict[str, int]) -> ReplicaView:
+    full_id = replica.replica_id.to_full_id_str()
+    return ReplicaView(full_id, replica.replica_id.unique_id, ongoing.get(full_id, 0))
 
 
 def _keys_of(pending_request: PendingRequest) -> RoutingKeys:

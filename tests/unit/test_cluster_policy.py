@@ -161,10 +161,39 @@ def test_the_policy_modules_import_neither_ray_nor_torch() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "kvserve" / "cluster"
-    for name in ("policy", "prefix_index", "prefix_blocks", "routing_keys", "replica_stats", "board"):
+    for name in (
+        "policy",
+        "prefix_index",
+        "prefix_blocks",
+        "routing_keys",
+        "replica_stats",
+        "board",
+        "in_flight",
+    ):
         tree = ast.parse((root / f"{name}.py").read_text())
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             assert not [n for n in names if n.split(".")[0] in ("ray", "torch")], (name, names)
+
+
+def test_a_burst_of_new_sessions_spreads_before_any_is_confirmed() -> None:
+    """Ray asks the router for all of a burst before it confirms any: the picks count as load."""
+    from kvserve.cluster.in_flight import PROVISIONAL_TTL_S, InFlight
+
+    policy, in_flight = AffinityPolicy(), InFlight()
+    picks = []
+    for i in range(4):
+        counts = in_flight.counts(0.0)
+        replicas = [ReplicaView(f"r{n}", f"t{n}", counts.get(f"r{n}", 0)) for n in range(2)]
+        decision = policy.choose(_keys(f"s{i}"), replicas, 0.0)
+        in_flight.chosen(f"req{i}", decision.replica_id, 0.0)
+        picks.append(decision.replica_id)
+    assert sorted(picks) == ["r0", "r0", "r1", "r1"]
+    in_flight.routed("req0", "r1", 1.0)  # Ray sent it elsewhere (r0 was full)
+    in_flight.finished("req1")
+    assert in_flight.counts(1.0) == {"r1": 2, "r0": 1}
+    assert in_flight.counts(PROVISIONAL_TTL_S + 10) == {"r1": 1}  # unconfirmed picks expire
+    in_flight.forget_replica("r1")
+    assert in_flight.counts(PROVISIONAL_TTL_S + 10) == {}
