@@ -17,13 +17,23 @@ class RoutingBoard:
     replicas: dict[str, ReplicaStats] = field(default_factory=dict)  # by replica tag
     num_ongoing: dict[str, int] = field(default_factory=dict)  # by replica tag, as this router counts
     decisions: Counter[tuple[Reason, str]] = field(default_factory=Counter)  # (reason, replica tag)
-    num_moved: int = 0  # requests whose session's replica had gone and went elsewhere
     lock: threading.Lock = field(default_factory=threading.Lock)  # the router's loop vs /metrics
+    # Since when the router has known no replica (None: it knows some, or has not spoken yet).
+    no_replica_since: float | None = None
 
-    def set_replicas(self, stats: dict[str, ReplicaStats], ongoing: dict[str, int]) -> None:
+    def set_replicas(self, stats: dict[str, ReplicaStats], ongoing: dict[str, int], now: float) -> None:
         with self.lock:
             self.replicas = dict(stats)
             self.num_ongoing = dict(ongoing)
+            if stats:
+                self.no_replica_since = None
+            elif self.no_replica_since is None:
+                self.no_replica_since = now
+
+    def seconds_without_replicas(self, now: float) -> float:
+        """How long the router has had no replica to send to (0 while it has one)."""
+        with self.lock:
+            return 0.0 if self.no_replica_since is None else now - self.no_replica_since
 
     def count_decision(self, reason: Reason, replica_tag: str) -> None:
         with self.lock:

@@ -6,7 +6,9 @@ is retried on another; one that dies mid-stream ends the stream with the protoco
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -18,6 +20,7 @@ from starlette.responses import Response, StreamingResponse
 from kvserve.api.auth import has_api_key
 from kvserve.api.body import read_body
 from kvserve.api.errors import ApiError, error_response
+from kvserve.cluster import board
 from kvserve.cluster.asgi_bridge import ForwardedRequest, ReplyHead
 from kvserve.cluster.cluster_metrics import render_metrics
 from kvserve.cluster.routing_keys import RoutingKeys, extract_routing_keys
@@ -28,6 +31,13 @@ logger = logging.getLogger(__name__)
 REPLICA_HEADER = b"x-kvserve-replica"
 # A replica that dies before its first byte: the request is sent again, to a live one, this many times.
 _MAX_ATTEMPTS = 3
+# With no replica up (all died, none started yet) Ray's router would hold a request until one is:
+# after this long without any, the request gets a 503 instead of waiting on.
+NO_REPLICA_TIMEOUT_S = 30.0
+
+
+class _NoReplica(Exception):
+    pass
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,10 @@ class ClusterIngress:
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             stream: DeploymentResponseGenerator = self.replicas.remote(keys, request)
             try:
-                head = await stream.__anext__()
+                head = await _first_piece(stream)
+            except _NoReplica:
+                stream.cancel()
+                break
             except (RayActorError, ActorUnavailableError) as error:
                 stream.cancel()
                 logger.warning(
@@ -87,6 +100,21 @@ class ClusterIngress:
             response.raw_headers = [*head.headers, (REPLICA_HEADER, head.replica_tag.encode())]
             return response
         return error_response(request.path, ApiError(503, "no kvserve replica could take the request"))
+
+
+async def _first_piece(stream: DeploymentResponseGenerator) -> ReplyHead:
+    """The reply's head; however long a replica takes to send it (a non-streamed answer comes whole),
+    but not while there is no replica at all for NO_REPLICA_TIMEOUT_S."""
+    task = asyncio.ensure_future(stream.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if done:
+                return task.result()
+            if board.BOARD.seconds_without_replicas(time.time()) > NO_REPLICA_TIMEOUT_S:
+                raise _NoReplica()
+    finally:
+        task.cancel()
 
 
 async def _body(stream: DeploymentResponseGenerator, path: str, head: ReplyHead) -> AsyncIterator[bytes]:

@@ -93,7 +93,7 @@ class KvserveRequestRouter(RequestRouter):
             r.replica_id.unique_id: counts.get(r.replica_id.to_full_id_str(), 0)
             for r in self._replicas.values()
         }
-        board.BOARD.set_replicas(stats, ongoing)
+        board.BOARD.set_replicas(stats, ongoing, time.time())
 
 
 def _view(replica: RunningReplica, ongoing: dict[str, int]) -> ReplicaView:
