@@ -75,6 +75,9 @@ class ClusterIngress:
             stream: DeploymentResponseGenerator = self.replicas.remote(keys, request)
             try:
                 head = await _first_piece(stream)
+            except asyncio.CancelledError:  # the client left before the reply began (a long prefill)
+                stream.cancel()
+                raise
             except _NoReplica:
                 stream.cancel()
                 break
