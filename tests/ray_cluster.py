@@ -111,7 +111,9 @@ def kvserve_cluster(address: str, args: Sequence[str], log: Path, timeout_s: flo
     url = f"http://127.0.0.1:{http_port}"
     try:
         deadline = time.monotonic() + timeout_s
-        while not _answers(url):
+        # Up once `kvserve cluster` says so (Ray's serve.run returned: every replica runs; the proxy
+        # answers as soon as one does).
+        while not (_answers(url) and "kvserve cluster: " in log.read_text()):
             if process.poll() is not None:
                 raise AssertionError(
                     f"kvserve cluster exited with {process.returncode}:\n{log.read_text()[-4000:]}"

@@ -90,6 +90,7 @@ def run_router(
     killed: list[str] = []
     try:
         _wait_ready(url, process)
+        _wait_all_replicas(run.address)
         bench = MultiturnBench(
             MultiturnTarget(url, session_header=SESSION_HEADER), tokenizer, config, progress=progress
         )
@@ -123,6 +124,23 @@ def _replica_killer(address: str, bench: MultiturnBench, killed: list[str]) -> C
         killed.append(tag)
 
     return kill
+
+
+def _wait_all_replicas(address: str, timeout_s: float = 600) -> None:
+    """Until every replica runs: the proxy answers as soon as one does, and agents that start
+    before the others are up would all be placed on it (and stay there)."""
+    import ray
+    from ray import serve
+
+    ray.init(address=address, logging_level="WARNING")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while serve.status().applications["kvserve"].status != "RUNNING":
+            if time.monotonic() > deadline:
+                raise RuntimeError("kvserve cluster's replicas did not all start")
+            time.sleep(1)
+    finally:
+        ray.shutdown()
 
 
 def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 600) -> None:

@@ -109,6 +109,8 @@ async def _first_piece(stream: DeploymentResponseGenerator) -> ReplyHead:
     """The reply's head; however long a replica takes to send it (a non-streamed answer comes whole),
     but not while there is no replica at all for NO_REPLICA_TIMEOUT_S."""
     task = asyncio.ensure_future(stream.__anext__())
+    # Cancelled below when the client left: its RequestCancelledError is expected, not worth a log.
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=1.0)

@@ -1,7 +1,8 @@
 """The policy (`policy.AffinityPolicy`) as a Ray Serve request router: Ray calls `choose_replicas` with
 the handle call's arguments (the ingress passes `RoutingKeys` first) and tells it where each request
-went and when it finished. Ray then picks within the ranks returned: the chosen replica, else (when it
-is full or does not answer) the others, least loaded first."""
+went and when it finished. Ray then picks within the ranks returned: a session's (or stored response's)
+replica alone; otherwise the chosen replica, else (when it is full or does not answer) the others,
+least loaded first."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ class KvserveRequestRouter(RequestRouter):
         self._pending[request_id] = (keys, decision)
         self._in_flight.chosen(request_id, decision.replica_id, now)
         chosen = [r for r in candidate_replicas if r.replica_id.to_full_id_str() == decision.replica_id]
+        if decision.reason in ("session", "response"):
+            # Affinity: wait for that replica (Ray backs off and asks again) rather than move the
+            # conversation because it was slow to answer a queue-length probe (a busy CPU replica
+            # misses Ray's 0.1-1 s deadline). If it died, Ray drops it and the policy picks anew.
+            return [chosen]
         rest = sorted(
             (r for r in candidate_replicas if r not in chosen),
             key=lambda r: ongoing.get(r.replica_id.to_full_id_str(), 0),
