@@ -23,8 +23,15 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def _env() -> dict[str, str]:
-    # The workers import this checkout's kvserve (not another editable install's).
-    return {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    # The workers import this checkout's kvserve (not another editable install's). Token auth off, and
+    # said so: Ray 2.60 turns it on for `ray start` when ~/.ray/auth_token exists, which any local
+    # `ray.init()` on this machine writes, and then the two nodes disagree.
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "disabled",
+    }
 
 
 def _node_ports() -> list[str]:
@@ -54,7 +61,11 @@ def two_node_ray() -> Iterator[str]:
     worker = [RAY, "start", f"--address=127.0.0.1:{port}", *_node_ports()]
     try:
         for command in (head, worker):
-            subprocess.run(command, env=_env(), check=True, capture_output=True, timeout=120)
+            done = subprocess.run(
+                command, check=False, env=_env(), capture_output=True, text=True, timeout=180
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(command[:3])} failed:\n{(done.stdout + done.stderr)[-3000:]}")
         yield f"127.0.0.1:{port}"
     finally:
         _stop_processes_of(temp_dir)

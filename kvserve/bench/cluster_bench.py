@@ -29,6 +29,9 @@ class RouterSummary:
     num_turns_ok: int
     num_turns_failed: int
     cached_share_after_turn_1: float  # cached / prompt tokens over turns >= 2 (before any kill)
+    # The same beyond the prefix all agents share (which every replica holds after its first turn):
+    # what routing decides.
+    private_cached_share: float
     session_share: dict[str, float]  # replica -> share of the sessions it served (turn 1 homes)
     num_sessions_split: int  # sessions whose turns (before any kill) went to more than one replica
     moved_cached_share: float | None  # the killed replica's sessions, the turn after the kill
@@ -36,8 +39,10 @@ class RouterSummary:
     wall_s: float
 
 
-def summarize(router: str, results: Sequence[TurnResult], wall_s: float, killed: str | None) -> RouterSummary:
-    """Pure: the figures of one router's run."""
+def summarize(
+    router: str, results: Sequence[TurnResult], wall_s: float, killed: str | None, shared_tokens: int = 0
+) -> RouterSummary:
+    """Pure: the figures of one router's run; `shared_tokens`: the prefix all agents share."""
     ok = [r for r in results if r.result.is_success]
     before = [r for r in ok if not r.is_after_restart]
     later = [r for r in before if r.turn >= 2 and r.result.cached_tokens is not None]
@@ -57,6 +62,7 @@ def summarize(router: str, results: Sequence[TurnResult], wall_s: float, killed:
         num_turns_ok=len(ok),
         num_turns_failed=len(results) - len(ok),
         cached_share_after_turn_1=_ratio(later),
+        private_cached_share=_ratio(later, shared_tokens),
         session_share=share,
         num_sessions_split=sum(1 for tags in homes.values() if len(tags) > 1),
         moved_cached_share=_ratio(moved) if moved else None,
@@ -65,9 +71,10 @@ def summarize(router: str, results: Sequence[TurnResult], wall_s: float, killed:
     )
 
 
-def _ratio(rows: Sequence[TurnResult]) -> float:
-    prompt = sum(r.result.prompt_len for r in rows)
-    return sum(r.result.cached_tokens or 0 for r in rows) / prompt if prompt else 0.0
+def _ratio(rows: Sequence[TurnResult], skip: int = 0) -> float:
+    """Cached / prompt tokens over the rows, counting only what lies past the first `skip` tokens."""
+    prompt = sum(max(0, r.result.prompt_len - skip) for r in rows)
+    return sum(max(0, (r.result.cached_tokens or 0) - skip) for r in rows) / prompt if prompt else 0.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,7 @@ def run_router(
             process.wait(120)
         except subprocess.TimeoutExpired:
             process.kill()
-    return summarize(router, results, wall_s, killed[0] if killed else None)
+    return summarize(router, results, wall_s, killed[0] if killed else None, bench.text.prefix_len)
 
 
 def _replica_killer(address: str, bench: MultiturnBench, killed: list[str]) -> Callable[[], None]:
@@ -167,16 +174,17 @@ def _free_port() -> int:
 def markdown(summaries: Sequence[RouterSummary]) -> str:
     rows = [
         (
-            "| router | turns ok / failed | cached share, turns >= 2 | sessions per replica | split sessions "
-            "| moved sessions' next turn cached | output tok/s | wall s |"
+            "| router | turns ok / failed | cached share, turns >= 2 | of it past the shared prefix "
+            "| sessions per replica | split sessions | moved sessions' next turn cached | output tok/s | wall s |"
         ),
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         share = ", ".join(f"{v:.0%}" for v in s.session_share.values())
         moved = "-" if s.moved_cached_share is None else f"{s.moved_cached_share:.0%}"
         rows.append(
             f"| {s.router} | {s.num_turns_ok} / {s.num_turns_failed} | {s.cached_share_after_turn_1:.1%} "
+            f"| {s.private_cached_share:.1%} "
             f"| {share} | {s.num_sessions_split} | {moved} | {s.output_tok_per_s:.1f} | {s.wall_s:.0f} |"
         )
     return "\n".join(rows)

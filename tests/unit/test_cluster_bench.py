@@ -18,10 +18,11 @@ def test_summary_of_an_affine_run_with_a_kill() -> None:
         _turn(0, 2, "a", 900), _turn(1, 2, "b", 950), _turn(2, 2, "a", 900), _turn(3, 2, "a", 100),
         _turn(0, 3, "b", 500, after=True), _turn(2, 3, "b", 700, after=True), _turn(1, 3, "b", 990, after=True),
     ]  # fmt: skip
-    summary = summarize("affinity", results, wall_s=10.0, killed="a")
+    summary = summarize("affinity", results, wall_s=10.0, killed="a", shared_tokens=500)
     assert summary.cached_share_after_turn_1 == (900 + 950 + 900 + 100) / 4000
+    assert summary.private_cached_share == (400 + 450 + 400 + 0) / 2000
     assert summary.session_share == {"a": 0.5, "b": 0.5}
     assert summary.num_sessions_split == 1  # agent 3 went to b, then a
     assert summary.moved_cached_share == (500 + 700) / 2000  # agents 0 and 2 lived on a
     assert summary.output_tok_per_s == 11 * 10 / 10.0
-    assert "| affinity | 11 / 0 | 71.2% | 50%, 50% | 1 | 60% |" in markdown([summary])
+    assert "| affinity | 11 / 0 | 71.2% | 62.5% | 50%, 50% | 1 | 60% |" in markdown([summary])
