@@ -8,8 +8,14 @@ import logging
 import os
 import signal
 import threading
+from typing import TYPE_CHECKING
 
 from kvserve.cli.serve import _positive_int, add_serve_args
+
+if TYPE_CHECKING:  # Ray is an extra: imported when a command needs it
+    from ray.serve import Application
+
+    from kvserve.cluster.application import ClusterSpec
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +87,7 @@ def parse_cluster_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def spec_from_args(args: argparse.Namespace):  # -> ClusterSpec (imported lazily: Ray is an extra)
+def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     from kvserve.cluster.application import ClusterSpec
     from kvserve.cluster.policy import PolicySettings
 
@@ -124,3 +130,15 @@ def run(args: argparse.Namespace) -> None:
     logger.info("kvserve cluster: stopping (each replica saves its disk checkpoints)")
     serve.delete(APP_NAME)
     serve.shutdown()
+
+
+def app_builder(args: dict[str, str]) -> Application:
+    """For a Serve config file or KubeRay's RayService (`import_path: kvserve.cli.cluster:app_builder`):
+    `args: {flags: "<kvserve cluster flags>"}`, the same flags as the command line
+    (deploy/kuberay-rayservice.yaml). Ray's config, not these flags, says where the proxy listens."""
+    import shlex
+
+    from kvserve.cluster.application import build_application
+
+    parsed = parse_cluster_args(shlex.split(args.get("flags", "")))
+    return build_application(parsed, spec_from_args(parsed))

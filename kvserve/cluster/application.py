@@ -67,16 +67,3 @@ def build_application(serve_args: argparse.Namespace, spec: ClusterSpec) -> Appl
     args = argparse.Namespace(**{k: v for k, v in vars(serve_args).items() if k != "func"})
     settings = IngressSettings(max_body_bytes=args.max_body_mb * 2**20, api_key=args.api_key)
     return ingress.bind(replica.bind(args, spec.torch_threads), settings)
-
-
-def app_builder(args: dict[str, str]) -> Application:
-    """For a Serve config file or KubeRay's RayService (`import_path:
-    kvserve.cluster.application:app_builder`): `args: {flags: "<kvserve cluster flags>"}`, the same
-    flags as the command line (deploy/kuberay-rayservice.yaml). Ray's config, not these flags, says
-    where the proxy listens."""
-    import shlex
-
-    from kvserve.cli.cluster import parse_cluster_args, spec_from_args
-
-    parsed = parse_cluster_args(shlex.split(args.get("flags", "")))
-    return build_application(parsed, spec_from_args(parsed))

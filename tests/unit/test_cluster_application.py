@@ -9,7 +9,7 @@ import yaml
 
 pytest.importorskip("ray.serve", reason="kvserve cluster needs Ray Serve: pip install 'kvserve[cluster]'")
 
-from kvserve.cluster.application import app_builder
+from kvserve.cli.cluster import app_builder
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kuberay-rayservice.yaml"
 
@@ -24,7 +24,7 @@ def test_the_rayservice_manifest_builds_the_application() -> None:
     service = next(yaml.safe_load_all(MANIFEST.read_text()))
     config = yaml.safe_load(service["spec"]["serveConfigV2"])
     (application,) = config["applications"]
-    assert application["import_path"] == "kvserve.cluster.application:app_builder"
+    assert application["import_path"] == "kvserve.cli.cluster:app_builder"
     deployments = _deployments(app_builder(application["args"]))
     replica = deployments["replica"]
     assert replica.num_replicas == 4
