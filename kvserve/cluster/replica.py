@@ -63,6 +63,11 @@ class KvserveReplica:
         )
         return stats.to_dict()
 
+    def check_health(self) -> None:
+        """Ray Serve's health check: a replica whose engine stopped is replaced (as /health says 503)."""
+        if not self.engine.is_running():
+            raise RuntimeError(f"replica {self.tag}: the engine is not running")
+
     def __del__(self) -> None:
         # Ray Serve's graceful stop: the disk tier's shutdown saves, as `kvserve serve` on SIGTERM.
         from kvserve.cli.serve import close_server
