@@ -65,7 +65,7 @@ class KvserveReplica:
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine stopped is replaced (as /health says 503)."""
-        if not self.engine.is_running():
+        if not self.engine.is_running:
             raise RuntimeError(f"replica {self.tag}: the engine is not running")
 
     def __del__(self) -> None:
