@@ -2,7 +2,8 @@
 a tiny SmolVLM or Qwen2.5-VL folder written as a language GGUF + mmproj (loader/gguf_export.py),
 served with `--model lang.gguf` alone (the mmproj beside it is taken), answers two images greedily as
 transformers does on the folder; `--no-mmproj` serves the text model, which refuses images, and so
-does a projector kvserve cannot run found beside it (with a warning)."""
+does a projector kvserve cannot run found beside it (with a warning). llama.cpp's own llama-server
+(where built) loads the pair and answers an image on it: the files are its format, not only ours."""
 
 from __future__ import annotations
 
@@ -79,3 +80,23 @@ def test_a_projector_it_cannot_run_found_beside_it_serves_text(
     with caplog.at_level(logging.WARNING), _serve(language, tmp_path / "data") as url:
         _serves_text_only(url)
     assert "projector type 'gemma3' is not supported" in caplog.text and "without images" in caplog.text
+
+
+def test_llama_server_answers_an_image_on_the_pair(pair: GGUFPair, tmp_path: Path) -> None:
+    from kvserve.bench.llama_server import find_llama_server
+    from kvserve.bench.peers import ServerKind, ServerProcess, ServerSpec
+
+    binary = find_llama_server()
+    if binary is None:
+        pytest.skip("the C++ llama-server is not built (make bench-peer)")
+    spec = ServerSpec(
+        "llama-server", ServerKind.LLAMA_SERVER, str(pair.language), ctx=2048, threads=1,
+        extra_args=("--mmproj", str(pair.mmproj)), executable=str(binary), has_chat_template=True,
+    )  # fmt: skip
+    with ServerProcess(spec, log_dir=tmp_path) as server:
+        reply = _chat(server.url, [photo(1)], "What is this?", max_tokens=2)
+        text_only = _chat(server.url, [], "What is this?", max_tokens=2)
+    assert reply.usage.completion_tokens == 2
+    # The image's tokens (however llama.cpp sizes it: it keeps its own pixel bounds) are in the prompt.
+    assert reply.usage.prompt_tokens > text_only.usage.prompt_tokens + 4
+    assert "loaded multimodal model" in server.log_path.read_text()
