@@ -32,7 +32,7 @@ from kvserve.models.vision.qwen2_vl_processor import process_image
 from kvserve.models.vision.qwen2_vl_prompt import QwenVLPromptSpec
 from tests.models.helpers import PagedDriver
 from tests.models.test_mmproj import Loaded, _image, _prompt_ids, _spec
-from tests.models.tiny_qwen_vl import save_tiny_qwen_vl
+from tests.models.tiny_qwen_vl import TINY, save_tiny_qwen_vl
 from tests.models.tiny_vlm import save_tiny_vlm
 
 # Measured: 0.0 (bit-equal) between the pair and the folder; 4.2e-7 from transformers (its eager
@@ -208,6 +208,62 @@ def test_a_file_from_llama_cpps_converter_gets_clip_cpps_fixed_values() -> None:
     assert QWEN2_5_VL.read_header(_keys(**{"clip.vision.n_wa_pattern": 0}), 2048).vision_config[
         "fullatt_block_indexes"
     ] == list(range(32))  # no pattern: full attention everywhere
+
+
+# Keys our exporter writes that llama.cpp's converter leaves to clip.cpp's fixed values.
+OUR_KEYS = (
+    "clip.vision.window_size",
+    "clip.vision.spatial_merge_size",
+    "clip.vision.image_min_pixels",
+    "clip.vision.image_max_pixels",
+)
+# A tiny tower of llama.cpp's fixed geometry: 14-px patches, 112-px windows (4 x 4 tokens), images of
+# 8 to 4096 tokens.
+LLAMA_CPP_GEOMETRY = {
+    **TINY,
+    "vision": {**TINY["vision"], "patch_size": 14, "window_size": 112},
+    "min_pixels": 8 * 28 * 28,
+    "max_pixels": 4096 * 28 * 28,
+}
+
+
+def _without_keys(source: Path, target: Path, dropped: tuple[str, ...]) -> Path:
+    """`source` rewritten without the `dropped` metadata keys: the file llama.cpp's converter makes."""
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(target, _field(reader, "general.architecture"))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in dropped:
+            continue
+        sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+def test_a_pair_as_llama_cpps_converter_writes_it_is_the_folders_model(tmp_path: Path) -> None:
+    """A folder of llama.cpp's fixed geometry, its mmproj without our four keys: the tower, the
+    processor and the logits (two images, several windows each) are the folder's all the same."""
+    folder = save_tiny_qwen_vl(tmp_path / "tiny-llama-cpp-geometry", shapes=LLAMA_CPP_GEOMETRY)
+    pair = write_gguf_pair(folder, tmp_path / "gguf", tokenizer_pre="smollm")
+    mmproj = _without_keys(pair.mmproj, tmp_path / "mmproj-converted.gguf", OUR_KEYS)
+    assert not set(OUR_KEYS) & gguf.GGUFReader(mmproj).fields.keys()
+    from_folder = load_model(folder, torch.float32, progress=False)
+    from_pair = load_model(pair.language, torch.float32, progress=False, mmproj=mmproj)
+    assert from_pair.arch.vision == from_folder.arch.vision
+    ours, theirs = _spec(from_pair).processor, _spec(from_folder).processor
+    assert (ours.min_pixels, ours.max_pixels, ours.merge_size) == (theirs.min_pixels, theirs.max_pixels, 2)
+    images = [_image(200, 150, seed=0), _image(60, 40, seed=1)]  # 5 x 7 tokens; 40 x 60 px scaled up
+    inputs = _inputs(from_folder, "TITIT", images)
+    assert _inputs(from_pair, "TITIT", images).ids == inputs.ids
+    assert max(max(i.grid) for i in inputs.images) > 4  # more than one 112-px window
+    torch.testing.assert_close(
+        _our_logits(from_pair, inputs), _our_logits(from_folder, inputs), atol=0, rtol=0
+    )
 
 
 @pytest.mark.parametrize(
