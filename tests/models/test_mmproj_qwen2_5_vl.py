@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -26,14 +25,18 @@ from kvserve.models.errors import UnsupportedModelError
 from kvserve.models.loaded import LoadedModel
 from kvserve.models.loader import load_model
 from kvserve.models.loader.gguf_export import write_gguf_pair
+from kvserve.models.loader.mmproj_export import write_mmproj
 from kvserve.models.loader.mmproj_format import MmprojKeys
+from kvserve.models.loader.mmproj_idefics3 import expected_shapes as idefics3_shapes
+from kvserve.models.loader.mmproj_idefics3 import hf_vision_name
 from kvserve.models.loader.mmproj_qwen2_5_vl import QWEN2_5_VL
+from kvserve.models.vision.config import VisionArchConfig
+from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig
 from kvserve.models.vision.qwen2_vl_processor import process_image
 from kvserve.models.vision.qwen2_vl_prompt import QwenVLPromptSpec
 from tests.models.helpers import PagedDriver
 from tests.models.test_mmproj import Loaded, _image, _prompt_ids, _spec
 from tests.models.tiny_qwen_vl import TINY, save_tiny_qwen_vl
-from tests.models.tiny_vlm import save_tiny_vlm
 
 # Measured: 0.0 (bit-equal) between the pair and the folder; 4.2e-7 from transformers (its eager
 # attention sums in another order), with logits up to 0.8; f16 matrices: 3.5e-4.
@@ -296,14 +299,30 @@ def test_an_f16_pair_gives_close_logits(loaded: Loaded, tmp_path: Path) -> None:
     torch.testing.assert_close(_our_logits(from_f16, inputs), expected, atol=F16_ATOL, rtol=0)
 
 
-def test_a_qwen_projector_beside_another_language_model(
+def _idefics3_mmproj(path: Path, text_hidden_size: int) -> Path:
+    """A one-block idefics3 mmproj of zeros for a language model of `text_hidden_size`."""
+    vision = VisionArchConfig(32, 64, 1, 4, image_size=32, patch_size=8)
+    shapes = idefics3_shapes(dataclasses.asdict(vision), vision.scale_factor, text_hidden_size)
+    tensors = {hf_vision_name(name): torch.zeros(shape) for name, shape in shapes.items()}
+    processor = Idefics3ProcessorConfig(longest_edge=64, tile_size=32, image_seq_len=4)
+    write_mmproj(path, "idefics3", vision, text_hidden_size, processor, tensors, "f32")
+    return path
+
+
+def test_a_projector_beside_another_language_architecture(
     loaded: Loaded, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Asked for, an error naming it; found beside the model, a warning, and the text model serves."""
-    smolvlm = write_gguf_pair(save_tiny_vlm(tmp_path / "tiny-smolvlm"), tmp_path / "smolvlm")
-    mmproj = shutil.copy(loaded.pair.mmproj, smolvlm.mmproj)  # in place of its own
-    with pytest.raises(UnsupportedModelError, match="goes with a qwen2vl language model, not .* llama"):
-        load_model(smolvlm.language, torch.float32, progress=False, mmproj=mmproj)
+    """An idefics3 projector of the right width beside the qwen2vl file: asked for, an error naming
+    it; found beside the model, a warning, and the text model (Qwen2) serves."""
+    language = tmp_path / loaded.pair.language.name
+    language.symlink_to(loaded.pair.language)  # the same file: its converted tokenizer is reused
+    mmproj = _idefics3_mmproj(tmp_path / "mmproj-idefics3.gguf", loaded.from_pair.arch.hidden_size)
+    with pytest.raises(
+        UnsupportedModelError, match="goes with a llama language model, not .* qwen2vl"
+    ) as raised:
+        load_model(language, torch.float32, progress=False, mmproj=mmproj)
+    assert str(mmproj) in str(raised.value)
     with caplog.at_level(logging.WARNING, logger="kvserve.models.loader.load"):
-        text_only = load_model(smolvlm.language, torch.float32, progress=False, mmproj="auto")
-    assert text_only.arch.vision is None and "serving the text model without images" in caplog.text
+        text_only = load_model(language, torch.float32, progress=False, mmproj="auto")
+    assert text_only.arch.vision is None and text_only.arch.architecture == "qwen2"
+    assert "serving the text model without images" in caplog.text

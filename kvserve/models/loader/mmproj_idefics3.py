@@ -65,7 +65,7 @@ class Idefics3Format:
             vision_config=vision,
             top_level={"scale_factor": scale_factor},
             processor=processor,
-            tensor_shapes=_expected_shapes(vision, scale_factor, text_hidden_size),
+            tensor_shapes=expected_shapes(vision, scale_factor, text_hidden_size),
             summary=f"idefics3, {tile}-px tiles of {processor.image_seq_len} tokens, "
             f"images up to {processor.longest_edge} px",
         )
@@ -122,7 +122,7 @@ def hf_vision_name(gguf_name: str) -> str:
     return f"model.vision_model.encoder.layers.{parts[2]}.{_LAYER_NAMES[parts[3]]}.{suffix}"
 
 
-def _expected_shapes(vision: dict[str, Any], scale_factor: int, text_hidden_size: int) -> dict[str, tuple]:
+def expected_shapes(vision: dict[str, Any], scale_factor: int, text_hidden_size: int) -> dict[str, tuple]:
     """Every tensor an idefics3 mmproj holds, in torch order; the patch embedding is the conv
     kernel [hidden, channels, patch, patch] (ggml's [patch, patch, channels, hidden] reversed)."""
     hidden, ffn, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]

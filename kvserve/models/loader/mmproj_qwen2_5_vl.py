@@ -79,7 +79,7 @@ class Qwen2_5VLFormat:
             vision_config=vision,
             top_level={},
             processor=processor,
-            tensor_shapes=_expected_shapes(vision),
+            tensor_shapes=expected_shapes(vision),
             summary=f"qwen2.5-vl, {vision['patch_size']}-px patches merged {vision['spatial_merge_size']} x "
             f"{vision['spatial_merge_size']}, images of {tokens[0]} to {tokens[1]} tokens",
         )
@@ -202,7 +202,7 @@ def _processor(keys: MmprojKeys, vision: dict[str, Any]) -> Qwen2VLProcessorConf
     )
 
 
-def _expected_shapes(vision: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def expected_shapes(vision: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every tensor a qwen2.5vl_merger mmproj holds, in torch order (GGUF's reversed)."""
     hidden, ffn, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
     merged, out = hidden * vision["spatial_merge_size"] ** 2, vision["out_hidden_size"]
