@@ -21,7 +21,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from kvserve.chat.image import Image
 from kvserve.engine.image_input import ImageInput
 from kvserve.engine.positions import PositionLayout
-from kvserve.models.errors import UnsupportedModelError
+from kvserve.models.errors import ModelLoadError, UnsupportedModelError
 from kvserve.models.loaded import LoadedModel
 from kvserve.models.loader import load_model
 from kvserve.models.loader.gguf_export import write_gguf_pair
@@ -29,7 +29,7 @@ from kvserve.models.loader.mmproj_export import write_mmproj
 from kvserve.models.loader.mmproj_format import MmprojKeys
 from kvserve.models.loader.mmproj_idefics3 import expected_shapes as idefics3_shapes
 from kvserve.models.loader.mmproj_idefics3 import hf_vision_name
-from kvserve.models.loader.mmproj_qwen2_5_vl import QWEN2_5_VL
+from kvserve.models.loader.mmproj_qwen2_5_vl import QWEN2_5_VL, mrope_sections
 from kvserve.models.vision.config import VisionArchConfig
 from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig
 from kvserve.models.vision.qwen2_vl_processor import process_image
@@ -276,11 +276,14 @@ def test_a_pair_as_llama_cpps_converter_writes_it_is_the_folders_model(tmp_path:
         ({"clip.vision.attention.layer_norm_epsilon": 1e-5}, "tower norm epsilon 1e-05"),
         ({"clip.vision.window_size": 100}, "is not one Qwen2.5-VL can be"),
         ({"clip.vision.image_min_pixels": 9000, "clip.vision.image_max_pixels": 8000}, "are empty"),
+        ({"clip.vision.n_wa_pattern": None}, "'clip.vision.n_wa_pattern' is missing"),
     ],
 )
 def test_a_header_qwen2_5_vl_cannot_be_is_an_error(metadata: dict[str, Any], match: str) -> None:
-    with pytest.raises(Exception, match=match) as raised:
-        QWEN2_5_VL.read_header(_keys(**metadata), 2048)
+    keys = _keys(**metadata)
+    keys.metadata = {k: v for k, v in keys.metadata.items() if v is not None}
+    with pytest.raises(ModelLoadError, match=match) as raised:
+        QWEN2_5_VL.read_header(keys, 2048)
     assert "mmproj-x.gguf" in str(raised.value)
 
 
@@ -326,3 +329,26 @@ def test_a_projector_beside_another_language_architecture(
         text_only = load_model(language, torch.float32, progress=False, mmproj="auto")
     assert text_only.arch.vision is None and text_only.arch.architecture == "qwen2"
     assert "serving the text model without images" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ([16, 24, 24, 0], (16, 24, 24)),  # Qwen2.5-VL-3B's, as the converter pads them
+        ([2, 3, 3], (2, 3, 3)),
+        ([16, 24, 24, 8], "are not \\(t, h, w\\[, 0\\]\\)"),  # a fourth section: not Qwen2.5-VL
+        (None, "'qwen2vl.rope.dimension_sections' \\(M-RoPE sections\\) is missing"),
+        (7, "is no list of counts"),
+    ],
+)
+def test_the_mrope_sections_come_from_the_language_file(sections: Any, expected: Any) -> None:
+    metadata = {"general.architecture": "qwen2vl"}
+    if sections is not None:
+        metadata["qwen2vl.rope.dimension_sections"] = sections
+    language = SimpleNamespace(path=Path("lang.gguf"), metadata=metadata, architecture="qwen2vl")
+    if isinstance(expected, tuple):
+        assert mrope_sections(language) == expected  # type: ignore[arg-type]
+        return
+    with pytest.raises(ModelLoadError, match=expected) as raised:
+        mrope_sections(language)  # type: ignore[arg-type]
+    assert "lang.gguf" in str(raised.value)

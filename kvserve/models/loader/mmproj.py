@@ -93,7 +93,10 @@ def read_mmproj(path: Path, text_hidden_size: int) -> Mmproj:
             f"made for a language model of hidden size {keys.vision('projection_dim')}, "
             f"but the model's is {text_hidden_size}",
         )
-    header = _FORMATS[projector].read_header(keys, text_hidden_size)
+    try:
+        header = _FORMATS[projector].read_header(keys, text_hidden_size)
+    except (TypeError, ValueError) as error:  # a key of the wrong type (a string for a count)
+        raise CorruptModelFileError(path, f"malformed {projector} metadata ({error})") from None
     _check_tensors(mmproj, projector, header.tensor_shapes)
     return Mmproj(mmproj, _FORMATS[projector], header)
 

@@ -138,7 +138,10 @@ def mrope_sections(language: GGUFFile) -> tuple[int, int, int]:
     key = f"{language.architecture}.rope.dimension_sections"
     if key not in language.metadata:
         raise CorruptModelFileError(language.path, f"metadata key {key!r} (M-RoPE sections) is missing")
-    sections = [int(s) for s in language.metadata[key]]
+    try:
+        sections = [int(s) for s in language.metadata[key]]
+    except (TypeError, ValueError):
+        raise CorruptModelFileError(language.path, f"metadata key {key!r} is no list of counts") from None
     if len(sections) < 3 or any(sections[3:]) or min(sections[:3]) < 0:
         raise UnsupportedModelError(language.path, f"M-RoPE sections {sections} are not (t, h, w[, 0])")
     t, h, w = sections[:3]
