@@ -37,6 +37,8 @@ _LAYER_NAMES = {
 
 
 class Idefics3Format:
+    """`idefics3` as a `ProjectorFormat` (mmproj_format.py)."""
+
     projector_type = "idefics3"
     language_architecture = "llama"
     token_keys = (("image_token_id", "<image>"),)  # the placeholder the projector's rows replace

@@ -54,6 +54,8 @@ _PATCH_EMBEDS = ("v.patch_embd.weight", "v.patch_embd.weight.1")  # frame 0, fra
 
 
 class Qwen2_5VLFormat:
+    """`qwen2.5vl_merger` as a `ProjectorFormat` (mmproj_format.py)."""
+
     projector_type = "qwen2.5vl_merger"
     language_architecture = "qwen2vl"
     token_keys = (
@@ -125,7 +127,7 @@ class Qwen2_5VLFormat:
             if kind == "attn_q":  # k and v go with it, in HF's fused [q; k; v] order
                 qkv = torch.cat([tensor(f"v.blk.{layer}.attn_{x}.{suffix}") for x in "qkv"])
                 yield f"visual.blocks.{layer}.attn.qkv.{suffix}", qkv
-            elif kind in _LAYER_NAMES:
+            elif kind not in ("attn_k", "attn_v"):
                 yield f"visual.blocks.{layer}.{_LAYER_NAMES[kind]}.{suffix}", tensor(name)
 
 
