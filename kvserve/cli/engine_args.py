@@ -32,7 +32,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--mmproj",
         default=d.mmproj,
         metavar="FILE",
-        help="a GGUF model's vision projector (llama.cpp's mmproj file, SmolVLM's idefics3); default "
+        help="a GGUF model's vision projector (llama.cpp's mmproj file: SmolVLM's, Qwen2.5-VL's); default "
         "auto: the one mmproj*.gguf beside the model file; none: text only",
     )
     g.add_argument("--no-mmproj", action="store_true", help="load no vision projector (--mmproj none)")
