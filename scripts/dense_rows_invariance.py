@@ -59,7 +59,9 @@ def blocks_of(block: int, packed: bool = False) -> Callable[[torch.Tensor, torch
         x = x.to(w.dtype)
         if rows % block:
             x = torch.cat([x, x.new_zeros(block - rows % block, x.shape[1])])
-        parts = [torch.ops.mkldnn._linear_pointwise(b, cache[id(w)], None, "none", [], "") for b in x.split(block)]
+        parts = [
+            torch.ops.mkldnn._linear_pointwise(b, cache[id(w)], None, "none", [], "") for b in x.split(block)
+        ]
         return torch.cat(parts).float()[:rows]
 
     return run
