@@ -200,7 +200,7 @@ class DiskTier:
             return 0
 
     def _load(self, request: Request, hit: _DiskHit, record: _DiskRequest) -> int:
-        ram_blocks, hashes, run = hit
+        ram_blocks, hashes, run, _source = hit
         n_ram = len(ram_blocks) * self.block_size
         started = time.monotonic()
         spans = tuple(span for span in run.chunks if span.end > n_ram)
