@@ -57,12 +57,20 @@ def seaweedfs_s3(data_dir: Path, bucket: str = "kvserve-test") -> Iterator[str]:
         _wait_and_create_bucket(process, endpoint, bucket, log)
         yield endpoint
     finally:
+        if process.poll() is None:
+            _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    try:
         os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(3)  # its data is a temp directory: no need to wait for a clean stop
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(3)  # its data is a temp directory: no need to wait for a clean stop
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def s3_client(endpoint: str):  # -> botocore S3 client
