@@ -1,7 +1,8 @@
 """Two real `kvserve serve` processes (SmolLM2, CPU), each with its own local disk tier, over one
 shared tier: a shared directory, and a bucket on a real S3 server (SeaweedFS). A conversation's turn
 served by A is continued by B, which was up before A wrote anything: B's usage reports the prompt
-served from cache, at least the tokens of A's checkpoint, read from the shared tier."""
+served from cache, at least the tokens of A's checkpoint, read from the shared tier, after A was
+killed (kill -9: no shutdown save), as when a replica dies and its sessions move."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kvserve.kvstore.manifest import decode_manifest
 from kvserve.kvstore.shared.keys import parse_key
 from kvserve.kvstore.shared.object_store import ObjectStore
 from tests.e2e.test_disk_cache_restart import ask, conversation
-from tests.serve_process import running_server
+from tests.serve_process import running_server, start_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
@@ -61,29 +62,27 @@ def test_a_conversation_written_by_one_server_continues_on_another(
     shared = _shared_args(*shared_location)
     messages = conversation(num_turns=4, words_per_turn=300)
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
-    with (
-        running_server([*SERVE_ARGS, "--kv-cache-dir", str(tmp_path / "a"), *shared], log_a) as url_a,
-        running_server([*SERVE_ARGS, "--kv-cache-dir", str(tmp_path / "b"), *shared], log_b) as url_b,
-    ):
-        assert _checkpoint_tokens(object_store) == []  # B is up, and nothing is written yet
-        answer, prompt_tokens, cached = ask("chat", url_a, messages, max_tokens=24)
-        assert 1200 <= prompt_tokens <= 3000 and cached == 0
-        # A's finished turn (prompt + reply, block aligned) reaches the shared tier.
-        checkpoint = _wait_for_checkpoint(object_store, prompt_tokens)
-        next_turn = [
-            *messages,
-            {"role": "assistant", "content": answer},
-            {"role": "user", "content": "And note 2?"},
-        ]
-        text, next_prompt_tokens, next_cached = ask("anthropic", url_b, next_turn, max_tokens=16)
-        assert next_cached >= checkpoint, (next_cached, checkpoint, next_prompt_tokens)
-        assert text
+    server_a, url_a = start_server([*SERVE_ARGS, "--kv-cache-dir", str(tmp_path / "a"), *shared], log_a)
+    try:
+        with running_server([*SERVE_ARGS, "--kv-cache-dir", str(tmp_path / "b"), *shared], log_b) as url_b:
+            assert _checkpoint_tokens(object_store) == []  # B is up, and nothing is written yet
+            answer, prompt_tokens, cached = ask("chat", url_a, messages, max_tokens=24)
+            assert 1200 <= prompt_tokens <= 3000 and cached == 0
+            # A's finished turn (prompt + reply, block aligned) reaches the shared tier; then A dies
+            # (no shutdown save) and the session's next turn goes to B.
+            checkpoint = _wait_for_checkpoint(object_store, prompt_tokens)
+            server_a.kill()
+            server_a.wait()
+            user = {"role": "user", "content": "And note 2?"}
+            next_turn = [*messages, {"role": "assistant", "content": answer}, user]
+            text, next_prompt_tokens, next_cached = ask("anthropic", url_b, next_turn, max_tokens=16)
+            assert next_cached >= checkpoint, (next_cached, checkpoint, next_prompt_tokens)
+            assert text
+    finally:
+        server_a.kill()
     assert "from shared checkpoint" in log_b.read_text(), log_b.read_text()[-3000:]
     assert "shared KV tier" in log_a.read_text()  # shown at start-up
     # A chunk common to both servers' checkpoints is stored once: B's checkpoint of its turn extends
     # A's, and B wrote only the chunks past A's prefix.
-    published = [
-        tuple(map(int, m))
-        for m in re.findall(r"published, (\d+) of its (\d+) chunks written", log_b.read_text())
-    ]
-    assert any(0 < written < total for written, total in published), published
+    published = re.findall(r"published, (\d+) of its (\d+) chunks written", log_b.read_text())
+    assert any(0 < int(written) < int(total) for written, total in published), published

@@ -243,6 +243,10 @@ class SharedTier:
         """The exact tokens of the shared checkpoint whose text is the longest prefix of `text`,
         with that prefix's length in UTF-8 bytes."""
         data = text.encode()
+        # Asked while a prompt is rendered (off the engine thread), before any block-hash lookup
+        # could refresh the index: a turn another replica just finished must be found here, or the
+        # prompt is re-tokenized and may leave its checkpoint where the tokens differ.
+        self._maybe_refresh(miss=True)
         with self._lock:
             best = longest_text_prefix(data, self.index.text_candidates(len(data)))
         token_ids = None if best is None else self.token_ids(best.sha1)
