@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from kvserve.config import (
     KV_DTYPE_CHOICES,
@@ -218,6 +219,9 @@ def kv_store_config_from_args(args: argparse.Namespace) -> KVStoreConfig | None:
     if args.kv_cache_budget_mb < 1:
         sys.exit("kvserve: --kv-cache-budget-mb must be >= 1")
     directory = args.kv_cache_dir or str(default_cache_dir())
+    if shared is not None and not shared.startswith("s3://") and _same_dir(shared, directory):
+        # The local tier evicts and repairs its directory as its own: it would delete shared objects.
+        sys.exit("kvserve: --kv-shared-dir must not be the --kv-cache-dir (each replica keeps its own)")
     return KVStoreConfig(
         directory=directory,
         budget_mb=args.kv_cache_budget_mb,
@@ -256,3 +260,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         kv_store=kv_store_config_from_args(args),
     )
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
