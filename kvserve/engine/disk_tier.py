@@ -575,11 +575,13 @@ def open_kv_tier(config: EngineConfig, loaded: LoadedModel, cache_key: str) -> K
         head_dim,
         config.cache.block_size,
     )
+    shared = None if store_config.shared is None else open_shared_tier(store_config, identity)
     try:
-        shared = None if store_config.shared is None else open_shared_tier(store_config, identity)
         return DiskTier(store_config, identity, partial(text_of, loaded.tokenizer), shared)
     except (OSError, ValueError, AssertionError) as error:  # unusable dir: serve without the tier
         logger.warning("disk KV cache disabled: cannot use %s: %s", store_config.directory, error)
+        if shared is not None:  # it sits below the disk tier: without one it is not used
+            shared.close()
         return NullKVTier()
 
 

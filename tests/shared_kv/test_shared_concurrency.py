@@ -10,12 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvserve.kvstore.chunk_format import decode_chunk
 from kvserve.kvstore.manifest import decode_manifest
 from kvserve.kvstore.shared.keys import chunk_key, manifest_key, parse_key
 from kvserve.kvstore.shared.object_store import ObjectStore
 from tests.serve_process import REPO
 from tests.unit.kvstore.kvstore_helpers import bits, kv_for, make_identity
+
+# Four interpreters at once: tens of seconds on a loaded 2-core machine.
+pytestmark = pytest.mark.slow
 
 NUM_WORKERS = 4
 NUM_SAVES = 25
