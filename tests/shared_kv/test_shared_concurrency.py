@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kvserve.cli.main import main
 from kvserve.kvstore.chunk_format import decode_chunk
 from kvserve.kvstore.manifest import decode_manifest
 from kvserve.kvstore.shared.keys import chunk_key, manifest_key, parse_key
@@ -27,7 +28,10 @@ NUM_SAVES = 25
 
 
 def test_concurrent_writers_never_corrupt_the_shared_tier(
-    shared_location: tuple[str, str | None], object_store: ObjectStore, tmp_path: Path
+    shared_location: tuple[str, str | None],
+    object_store: ObjectStore,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     location, endpoint = shared_location
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -76,3 +80,12 @@ def test_concurrent_writers_never_corrupt_the_shared_tier(
                 assert bits(got).equal(bits(want[:, span.start : span.end]))
     # Every chunk belongs to a checkpoint (a writer's chunks go before its manifest, and all finished).
     assert referenced == chunks
+    # And the operator's check agrees: `kvserve kv verify` against the shared tier is clean.
+    where = (
+        ["--kv-shared-dir", location]
+        if endpoint is None
+        else ["--kv-s3-url", location, "--kv-s3-endpoint", endpoint]
+    )
+    with pytest.raises(SystemExit) as verified:
+        main(["kv", "verify", *where])
+    assert verified.value.code == 0, capsys.readouterr().out
