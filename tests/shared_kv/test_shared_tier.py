@@ -138,3 +138,23 @@ def test_put_if_absent_keeps_the_first_object(object_store: ObjectStore) -> None
 def test_an_unreachable_s3_store_fails_at_open_with_a_clear_error() -> None:
     with pytest.raises(OSError, match="s3"):
         open_object_store("s3://kvserve-test/x", "http://127.0.0.1:9")  # nothing listens on port 9
+
+
+def test_a_directory_without_hard_links_falls_back_to_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some network filesystems refuse link(2) (EPERM): the object is renamed into place instead,
+    which for a content-addressed key replaces bytes with the same bytes; no temp file is left."""
+    import errno
+    import os
+
+    def no_links(source: object, target: object) -> None:
+        raise OSError(errno.EPERM, "hard links not supported")
+
+    store = open_object_store(str(tmp_path / "shared"))
+    monkeypatch.setattr(os, "link", no_links)
+    key = chunk_key("0" * 32, "2" * 32)
+    assert store.put_if_absent(key, b"bytes")
+    assert not store.put_if_absent(key, b"bytes")  # present: not written again
+    assert store.get(key) == b"bytes"
+    assert list((tmp_path / "shared").rglob("*.tmp.*")) == []
