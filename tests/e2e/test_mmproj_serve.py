@@ -19,7 +19,7 @@ import pytest
 
 from kvserve.models.loader.gguf_export import GGUFPair, write_gguf_pair
 from tests.e2e.test_vision_real import _chat, _hf_greedy
-from tests.e2e.tiny_vlm_server import photo, tiny_vlm_folder
+from tests.e2e.tiny_vlm_server import DENSE_FP32, photo, tiny_vlm_folder
 from tests.models.test_mmproj import _write_other_projector
 from tests.serve_process import in_process_server
 
@@ -39,7 +39,7 @@ def pair(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> GGUFPair:
 @contextmanager
 def _serve(model: Path, data_dir: Path, *extra: str) -> Iterator[str]:
     args = ["--model", str(model), "--device", "cpu", "--ctx", "2048", "--generation-config", "none"]
-    with in_process_server([*args, "--data-dir", str(data_dir), *extra]) as base:
+    with in_process_server([*args, *DENSE_FP32, "--data-dir", str(data_dir), *extra]) as base:
         yield base
 
 
