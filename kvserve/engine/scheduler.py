@@ -142,6 +142,7 @@ class Scheduler:
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         """Apply one step's results; returns the outputs of requests that got a token or ended."""
         outputs = [self._output(request, None, None) for request in scheduler_output.aborted]
+        outgrown: list[Request] = []  # trained-RoPE requests whose next token lies past that context
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             samples = scheduled.samples  # read before num_computed_tokens moves
@@ -160,9 +161,11 @@ class Scheduler:
             if request.constraint is not None and not request.is_finished:
                 _advance_constraint(request, token_id)
             outputs.append(self._output(request, token_id, logprob))
+            # A plain attribute first: one-regime engines pay nothing more per token.
+            if request.uses_trained_rope and self.rope is not None and self.rope.outgrown(request):
+                outgrown.append(request)
         self._release_finished()
-        if self.rope is not None:
-            self._extend_outgrown(self.rope)
+        self._extend(outgrown)
         return outputs
 
     def update_pending(self, scheduled: list[ScheduledRequest]) -> None:
@@ -271,12 +274,13 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _extend_outgrown(self, rope: OnDemandRope) -> None:
-        """Move the trained-regime requests whose next token lies past the trained context to the
-        scaled regime: their KV is recomputed under it (a prefix hit where the scaled regime has one),
-        their output so far kept. Never in an overlapped step: regime_token_limit bounds those."""
-        outgrown = [request for request in self.running if rope.outgrown(request)]
+    def _extend(self, outgrown: list[Request]) -> None:
+        """Move trained-regime requests that outgrew the trained context to the scaled regime: their KV
+        is recomputed under it (a prefix hit where the scaled regime has one), their output so far
+        kept. Never in an overlapped step: regime_token_limit stops those short of it."""
         for request in outgrown:
+            if request.is_finished:  # its last token ended it: nothing more to compute
+                continue
             self.running.remove(request)
             self._preempt(request)  # frees the blocks under their trained hashes
             request.uses_trained_rope = False
