@@ -1,7 +1,7 @@
 """YaRN on demand on a real model: a short prompt's next-token logits under `--ctx 2x` are the model's
 at its own context, a prompt past the trained context's are static YaRN's (`--rope-scaling yarn`).
 
-    python scripts/rope_on_demand_check.py --model smollm2 [--device cuda] [--long 8400]
+    PYTHONPATH=. python scripts/rope_on_demand_check.py --model smollm2 [--device cuda] [--long 8400]
 
 Each prompt runs alone on three engines (its own context, on demand, static) with fp32 weights and
 KV, and the script prints the largest |difference| of the last position's logits between them.
