@@ -181,6 +181,9 @@ def test_on_demand_rotary_rows_take_their_own_regimes_tables(layout: str) -> Non
         want_cos, want_sin = embedding(positions[..., rows], torch.float32)
         assert torch.equal(cos[rows], want_cos) and torch.equal(sin[rows], want_sin)
     assert not torch.equal(trained(positions, torch.float32)[0], scaled(positions, torch.float32)[0])
+    for offset, embedding in ((TRAINED_ROPE_OFFSET, trained), (0, scaled)):  # one regime: one table
+        got, want = rotary(positions + offset, torch.float32), embedding(positions, torch.float32)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_rope_scaling_none_refuses_a_longer_ctx_naming_the_flag() -> None:

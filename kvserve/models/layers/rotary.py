@@ -180,6 +180,11 @@ class OnDemandRotary(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         is_trained = positions >= TRAINED_ROPE_OFFSET  # [num_tokens], or [3, num_tokens] (M-RoPE)
+        if not positions.is_cuda:  # the host looks without a device sync: one table for one regime
+            if not is_trained.any():
+                return self.scaled(positions, dtype)
+            if is_trained.all():
+                return self.trained(positions - TRAINED_ROPE_OFFSET, dtype)
         plain = positions - is_trained * TRAINED_ROPE_OFFSET
         cos, sin = self.scaled(plain, dtype)
         cos_trained, sin_trained = self.trained(plain, dtype)
