@@ -36,6 +36,7 @@ from kvserve.bench.perplexity import (
 )
 from kvserve.bench.quality_rows import ScoreMode
 from kvserve.config import EngineConfig
+from kvserve.models.rope_scaling import describe as describe_rope
 
 if TYPE_CHECKING:
     from kvserve.engine.core import EngineCore
@@ -168,6 +169,7 @@ def engine_settings(engine: EngineCore) -> dict:
         "bf16_prefill": config.bf16_prefill,
         "int8_prefill": config.int8_prefill,
         "ctx": engine.max_model_len,
+        "rope": describe_rope(engine.loaded.arch),
     }
 
 
@@ -175,7 +177,8 @@ def describe(settings: dict) -> str:
     """An engine's settings in a few words, for the table."""
     words = [settings["dtype"], f"{settings['weight_quant']} decode weights", f"{settings['kv_dtype']} KV"]
     words += ["bf16 prefill"] * settings["bf16_prefill"] + ["int8 prefill"] * settings["int8_prefill"]
-    return ", ".join([*words, f"ctx {settings['ctx']}"])
+    rope = settings.get("rope", "rope none")
+    return ", ".join([*words, f"ctx {settings['ctx']}"] + ([rope] if rope != "rope none" else []))
 
 
 def free_engine_memory() -> None:

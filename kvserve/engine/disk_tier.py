@@ -37,6 +37,7 @@ from kvserve.engine.kv_cache.manager import CachedSequence, KVCacheManager
 from kvserve.engine.kv_tier import BlockCopier, KVTier, NullKVTier
 from kvserve.engine.outputs import EngineOutput, SchedulerOutput
 from kvserve.engine.request import Request
+from kvserve.engine.rope_regime import trained_key
 from kvserve.kvstore.checkpoint import ChunkRun, SaveReason, SaveResult, StoreIdentity
 from kvserve.kvstore.checkpoint_store import CheckpointStore
 from kvserve.kvstore.save_policy import SavePolicy, cold_cut, continued_frontier, system_cut
@@ -274,10 +275,11 @@ class DiskTier:
             return 0
         # NOTE: a checkpoint keeps token ids, not images: where it holds an image, these text-only
         # hashes miss its chunks from the image's first block on, so only the prefix before it loads.
-        hashes = compute_block_hashes(token_ids, self.block_size, self.kv.extra_key)
-        run = self.store.lookup_by_block_hashes(hashes)
-        if run is None:
+        # Nor its RoPE regime (engine/rope_regime.py): the engine's key is tried, then the trained one.
+        found = self._preload_run(token_ids)
+        if found is None:
             return 0
+        hashes, run = found
         num_blocks = run.num_tokens // self.block_size
         ram: list[Block] = []  # a prefix already in RAM (shared with a checkpoint loaded before)
         while len(ram) < num_blocks and (block := self.kv.lookup(hashes[len(ram)])) is not None:
@@ -298,6 +300,16 @@ class DiskTier:
             return 0
         self.runner.copy_blocks_in([b.block_id for b in blocks], [layer[:, offset:] for layer in loaded.kv])
         return run.num_tokens - n_ram
+
+    def _preload_run(self, token_ids: list[int]) -> tuple[list[BlockHash], ChunkRun] | None:
+        """The chain hashes and stored run of a checkpoint's tokens, under the engine's key or else
+        its trained-RoPE key (a checkpoint is stored under one of them)."""
+        for key in (self.kv.extra_key, trained_key(self.kv.extra_key)):
+            hashes = compute_block_hashes(token_ids, self.block_size, key)
+            run = self.store.lookup_by_block_hashes(hashes)
+            if run is not None:
+                return hashes, run
+        return None
 
     def _forget(self, blocks: list[Block]) -> None:
         """Unregister blocks whose KV could not be filled: nothing must find them."""
@@ -445,8 +457,9 @@ class DiskTier:
     ) -> None:
         num_tokens -= num_tokens % self.block_size
         if request.is_finished:  # freed already (its full blocks stay cached): hash afresh
+            key = self.kv.extra_key_of(request)
             hashes = compute_block_hashes(
-                request.all_token_ids[:num_tokens], self.block_size, self.kv.extra_key, images=request.images
+                request.all_token_ids[:num_tokens], self.block_size, key, images=request.images
             )
         else:
             hashes = self.kv.block_hashes(request, num_tokens)
