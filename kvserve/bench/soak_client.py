@@ -66,7 +66,7 @@ class CutPlan:
 class RequestRecord:
     client_id: int
     api: SoakApi
-    kind: str  # "first", "tool_result", "chained", "followup"; "+retry" when resent after a cut
+    kind: str  # "first", "tool_call", "tool_result", "chained", "followup"; "+retry" when resent after a cut
     started_s: float  # since the run began
     duration_s: float
     outcome: Outcome

@@ -23,7 +23,7 @@ FD_SLACK = 8
 # anyio's worker threads (40 by default, kept ~10 s after use) and asyncio's default executor.
 THREAD_SLACK = 48
 RSS_OVERHEAD_BYTES = 1 << 30  # allocator and Python heap growth under load, beyond the touched pool
-TTFT_DRIFT_LIMIT = 2.0  # last third's p50 TTFT over the first third's
+TTFT_DRIFT_LIMIT = 2.0  # last third's p50 TTFT over the middle third's
 
 
 @dataclass(frozen=True)
@@ -142,13 +142,14 @@ def ttft_windows(records: list[RequestRecord], duration_s: float, num_windows: i
 
 
 def ttft_drift(windows: list[TtftWindow]) -> float | None:
-    """The last third's median window p50 over the first third's (None without data in both)."""
+    """The last third's median window p50 over the middle third's (None without data in both). The
+    first third is the warm-up: every client's first, cold request lands there at once."""
     third = max(1, len(windows) // 3)
-    first = [w.p50_ms for w in windows[:third] if w.p50_ms is not None]
+    middle = [w.p50_ms for w in windows[third:-third] if w.p50_ms is not None]
     last = [w.p50_ms for w in windows[-third:] if w.p50_ms is not None]
-    if not first or not last or statistics.median(first) <= 0:
+    if not middle or not last or statistics.median(middle) <= 0:
         return None
-    return statistics.median(last) / statistics.median(first)
+    return statistics.median(last) / statistics.median(middle)
 
 
 def _pct(values: list[float], q: int) -> float | None:

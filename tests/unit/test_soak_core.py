@@ -162,8 +162,9 @@ def test_verdict_passes_a_clean_run_and_names_each_failure() -> None:
 
 
 def test_ttft_windows_and_drift() -> None:
-    records = [_record(t, Outcome.OK, ttft_s=0.1 if t < 30 else 0.5) for t in range(60)]
+    # The first third is warm-up (cold, all clients at once): drift is the last third over the middle.
+    records = [_record(t, Outcome.OK, ttft_s=5.0 if t < 20 else 0.2 if t < 40 else 0.5) for t in range(60)]
     windows = ttft_windows(records, 60, 6)
     assert [w.num_requests for w in windows] == [10] * 6
-    assert windows[0].p50_ms == 100 and windows[-1].p99_ms == 500
-    assert ttft_drift(windows) == 5.0
+    assert windows[0].p50_ms == 5000 and windows[-1].p99_ms == 500
+    assert ttft_drift(windows) == 2.5

@@ -1,0 +1,98 @@
+"""`kvserve bench hostile`: slow readers, slowloris heads, connection churn, oversized heads and bodies,
+invalid UTF-8 in every string field and deep JSON nesting against a server it launches (`make serve`'s
+settings) or `--url`; prints the counts, writes JSON, exits 1 when the verdict fails."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def register(bench_sub: argparse._SubParsersAction) -> None:
+    p = bench_sub.add_parser(
+        "hostile", help="hostile clients: only 4xx or closed connections, bounded memory"
+    )
+    p.add_argument("--connections", type=int, default=10_000, help="connections opened and dropped")
+    p.add_argument(
+        "--slowloris", type=int, default=256, help="connections sending their head a byte a second"
+    )
+    p.add_argument("--slow-readers", type=int, default=16, help="streams whose client never reads")
+    p.add_argument("--slow-reader-hold", type=float, default=20.0, help="seconds a slow reader holds on")
+    p.add_argument("--max-body-mb", type=int, default=64, help="the server's --max-body-mb")
+    g = p.add_argument_group("server")
+    g.add_argument("--url", default=None, help="attack this running server instead of launching one")
+    g.add_argument("--pid", type=int, default=None, help="--url: its process id (RSS, descriptors)")
+    g.add_argument("--model", "-m", default="smollm2", help="launched server's model (make serve's default)")
+    g.add_argument("--ctx", type=int, default=16384, help="launched server's context (make serve's CTX)")
+    g.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="launched server's CPU threads")
+    g.add_argument("--kvserve-args", default="", help="extra `kvserve serve` flags, one shell-quoted string")
+    g.add_argument("--log-dir", type=Path, default=None, help="launched server's log (default: a temp dir)")
+    g.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    import logging
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvserve.bench.hostile_run import HostileOptions, run_hostile
+    from kvserve.bench.peers import ServerKind, ServerProcess, ServerSpec
+    from kvserve.bench.server_probe import ServerProbe
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    console = Console(stderr=True)
+    options = HostileOptions(
+        num_connections=args.connections,
+        num_slowloris=args.slowloris,
+        num_slow_readers=args.slow_readers,
+        slow_reader_hold_s=args.slow_reader_hold,
+        max_body_bytes=args.max_body_mb * 2**20,
+    )
+    if args.url:
+        report = asyncio.run(run_hostile(args.url, ServerProbe(args.url, args.pid, None), options))
+    else:
+        with tempfile.TemporaryDirectory(prefix="kvserve-hostile-kv-") as cache_dir:
+            extra = (*shlex.split(args.kvserve_args), "--kv-cache-dir", cache_dir)
+            extra += ("--max-body-mb", str(args.max_body_mb))
+            spec = ServerSpec("kvserve", ServerKind.KVSERVE, args.model, args.ctx, args.threads, None, extra)
+            with ServerProcess(spec, args.log_dir) as server:
+                console.print(f"server: {server.url} (pid {server.pid}), log {server.log_path}")
+                report = asyncio.run(
+                    run_hostile(server.url, ServerProbe(server.url, server.pid, None), options)
+                )
+    table = Table("case", "tried", "answers", "seconds", title="kvserve bench hostile")
+    for case in report.cases:
+        answers = ", ".join(f"{k}: {n}" for k, n in sorted(case.answers.items()))
+        table.add_row(case.name, str(case.num_tried), answers, f"{case.seconds:.1f}")
+    Console().print(table)
+    for name, ok, detail in report.checks:
+        console.print(f"{'[green]PASS[/]' if ok else '[red]FAIL[/]'} {name}: {detail}")
+    console.print(f"verdict: {'PASS' if report.passed else 'FAIL'}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "command": "kvserve " + " ".join(sys.argv[1:])
+            if "kvserve" in sys.argv[0]
+            else " ".join(sys.argv),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "cpus": os.cpu_count(),
+            "cases": [c.to_json() for c in report.cases],
+            "rss_idle": None if report.idle.process is None else report.idle.process.rss_bytes,
+            "rss_max": report.rss_max,
+            "rss_after": None if report.after.process is None else report.after.process.rss_bytes,
+            "checks": [{"name": n, "passed": ok, "detail": d} for n, ok, d in report.checks],
+            "passed": report.passed,
+        }
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    if not report.passed:
+        sys.exit(1)
