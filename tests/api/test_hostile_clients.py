@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
+import struct
 import time
 from collections.abc import Callable
 
@@ -105,6 +107,24 @@ async def test_a_body_that_stops_arriving_is_408(
     status = await asyncio.wait_for(reader.readline(), 3.0)
     assert status.startswith(b"HTTP/1.1 408"), status
     writer.close()
+
+
+async def test_a_client_gone_mid_body_is_a_disconnect_not_an_error(
+    live_server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    for _ in range(3):
+        _reader, writer = await _connect(live_server)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+        )
+        writer.close()
+    await asyncio.sleep(0.5)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    await _assert_still_serving(live_server)
 
 
 async def test_invalid_utf8_in_every_string_field_is_never_5xx(live_server: LiveServer) -> None:
