@@ -5,6 +5,7 @@ bounded, descriptors and blocks back where they were, and a plain request still 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -42,23 +43,34 @@ class HostileReport:
         return all(ok for _, ok, _ in self.checks)
 
 
-async def run_hostile(base_url: str, probe: ServerProbe, options: HostileOptions) -> HostileReport:
+async def run_hostile(
+    base_url: str,
+    probe: ServerProbe,
+    options: HostileOptions,
+    on_case: Callable[[hostile.CaseResult], None] = lambda _: None,
+) -> HostileReport:
+    """Every case in turn; `on_case` hears each result as it comes (a long run reports as it goes)."""
     target = hostile.Target(base_url)
     samples: list[ServerSample] = []
-    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=30.0), trust_env=False) as http:
+    # A generous timeout: on a loaded CPU an accepted request (max_tokens 1) may queue for minutes.
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), trust_env=False) as http:
         idle = await probe.sample(http)
         sampler = asyncio.create_task(_sample(probe, samples))
-        cases = [
-            await hostile.slow_reader_case(
+        runs: list[Callable[[], Awaitable[hostile.CaseResult]]] = [
+            lambda: hostile.slow_reader_case(
                 target, options.num_slow_readers, options.slow_reader_hold_s, options.slow_reader_max_tokens
             ),
-            await hostile.slowloris_case(target, options.num_slowloris, give_up_s=60.0),
-            await hostile.churn_case(target, options.num_connections),
-            await hostile.oversized_head_case(target),
-            await hostile.oversized_body_case(http, target, options.max_body_bytes),
-            await hostile.invalid_utf8_case(http, target),
-            await hostile.deep_nesting_case(http, target),
+            lambda: hostile.slowloris_case(target, options.num_slowloris, give_up_s=60.0),
+            lambda: hostile.churn_case(target, options.num_connections),
+            lambda: hostile.oversized_head_case(target),
+            lambda: hostile.oversized_body_case(http, target, options.max_body_bytes),
+            lambda: hostile.invalid_utf8_case(http, target),
+            lambda: hostile.deep_nesting_case(http, target),
         ]
+        cases = []
+        for run in runs:
+            cases.append(await run())
+            on_case(cases[-1])
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
         serving = await hostile.still_serving(http, target)

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from kvserve.bench.hostile import CaseResult
     from kvserve.bench.hostile_run import HostileOptions, run_hostile
     from kvserve.bench.peers import ServerKind, ServerProcess, ServerSpec
     from kvserve.bench.server_probe import ServerProbe
@@ -57,8 +58,13 @@ def run(args: argparse.Namespace) -> None:
         slow_reader_hold_s=args.slow_reader_hold,
         max_body_bytes=args.max_body_mb * 2**20,
     )
+
+    def on_case(case: CaseResult) -> None:
+        answers = ", ".join(f"{k}: {n}" for k, n in sorted(case.answers.items()))
+        console.print(f"{case.name}: {case.num_tried} tried in {case.seconds:.1f} s: {answers}")
+
     if args.url:
-        report = asyncio.run(run_hostile(args.url, ServerProbe(args.url, args.pid, None), options))
+        report = asyncio.run(run_hostile(args.url, ServerProbe(args.url, args.pid, None), options, on_case))
     else:
         with tempfile.TemporaryDirectory(prefix="kvserve-hostile-kv-") as cache_dir:
             extra = (*shlex.split(args.kvserve_args), "--kv-cache-dir", cache_dir)
