@@ -25,7 +25,9 @@ class SoakOptions:
     duration_s: float = 60.0
     mix: SoakMix = field(default_factory=SoakMix)
     model: str = "smollm2"  # the requests' `model` field
-    system_words: int = 300  # the shared system prompt: every conversation's common prefix
+    # The shared system prompt, every conversation's common prefix: long enough (~800 tokens) for the
+    # disk tier's cold save (>= 512 tokens before the last user turn), as an agent's is.
+    system_words: int = 600
     sample_every_s: float = 2.0
     drain_timeout_s: float = 60.0
     seed: int = 0

@@ -174,7 +174,7 @@ class SoakClient:
                 request = TurnRequest(
                     first_text, force_tool=plan.opens_with_tool, max_tokens=self.mix.max_tokens
                 )
-                kind = "first"
+                kind = "tool_call" if plan.opens_with_tool else "first"
             elif history[-1].tool_call is not None:
                 request = TurnRequest(tool_result=words(self.rng, 40), max_tokens=self.mix.max_tokens)
                 kind = "tool_result"

@@ -3,7 +3,7 @@
 The verdict's checks are the issue's: no 5xx, no hung request, no failed stream the client did not
 cut, KV blocks in use back to the idle figure, no descriptors or threads left over, RSS within the
 idle process + the KV pool + a stated overhead, and no TTFT drift (the last third's p50 against the
-first third's, under the same load).
+middle third's, under the same load; the first third is the warm-up).
 """
 
 from __future__ import annotations
@@ -212,7 +212,9 @@ def _with_checks(s: SoakSummary, outcomes: Counter[str]) -> SoakSummary:
     if s.ttft_drift is not None:
         checks.append(
             Check(
-                "no TTFT drift", s.ttft_drift <= TTFT_DRIFT_LIMIT, f"last/first third p50 {s.ttft_drift:.2f}x"
+                "no TTFT drift",
+                s.ttft_drift <= TTFT_DRIFT_LIMIT,
+                f"last/middle third p50 {s.ttft_drift:.2f}x",
             )
         )
     return SoakSummary(**{**s.__dict__, "checks": checks})

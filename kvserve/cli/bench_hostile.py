@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> None:
             "rss_idle": None if report.idle.process is None else report.idle.process.rss_bytes,
             "rss_max": report.rss_max,
             "rss_after": None if report.after.process is None else report.after.process.rss_bytes,
+            # The pool's written bytes explain part of any RSS growth: accepted requests write KV.
+            "pool_touched_bytes_after": None
+            if report.after.pool is None
+            else report.after.pool.num_touched_blocks * report.after.pool.block_bytes,
             "checks": [{"name": n, "passed": ok, "detail": d} for n, ok, d in report.checks],
             "passed": report.passed,
         }

@@ -38,6 +38,7 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
     p.add_argument("--max-prompt-words", type=int, default=1200, help="longest first user message (words)")
     p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--system-words", type=int, default=600, help="the shared system prompt (words)")
     p.add_argument(
         "--deadline", type=float, default=300.0, help="seconds after which a request counts as hung"
     )
@@ -78,7 +79,13 @@ def run(args: argparse.Namespace) -> None:
         deadline_s=args.deadline,
     )
     options = SoakOptions(
-        args.clients, args.duration, mix, args.served_model, sample_every_s=args.sample_every, seed=args.seed
+        args.clients,
+        args.duration,
+        mix,
+        args.served_model,
+        system_words=args.system_words,
+        sample_every_s=args.sample_every,
+        seed=args.seed,
     )
     console.print(f"soak: {args.clients} clients for {args.duration:.0f} s, {args.disconnect_share:.0%} cut")
     if args.url:
