@@ -391,8 +391,9 @@ async def slow_reader_case(target: Target, num_readers: int, hold_s: float, max_
         result.answers[answer] += 1
     result.seconds = time.monotonic() - started
     result.note = (
-        "closed: dropped by the server once its socket stayed full (or the answer ended); streaming: "
-        "the model had not yet filled the buffers when the client hung up"
+        "closed: dropped by the server once its socket stayed full; streaming: the connection was still "
+        "open when the client hung up (the model had not filled the socket yet, or a short answer had "
+        "ended and the connection idled in keep-alive): nothing to drop"
     )
     return result
 

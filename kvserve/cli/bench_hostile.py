@@ -8,11 +8,11 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from kvserve.cli.bench_target import add_server_args, target_server
 
 
 def register(bench_sub: argparse._SubParsersAction) -> None:
@@ -26,14 +26,7 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slow-readers", type=int, default=16, help="streams whose client never reads")
     p.add_argument("--slow-reader-hold", type=float, default=20.0, help="seconds a slow reader holds on")
     p.add_argument("--max-body-mb", type=int, default=64, help="the server's --max-body-mb")
-    g = p.add_argument_group("server")
-    g.add_argument("--url", default=None, help="attack this running server instead of launching one")
-    g.add_argument("--pid", type=int, default=None, help="--url: its process id (RSS, descriptors)")
-    g.add_argument("--model", "-m", default="smollm2", help="launched server's model (make serve's default)")
-    g.add_argument("--ctx", type=int, default=16384, help="launched server's context (make serve's CTX)")
-    g.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="launched server's CPU threads")
-    g.add_argument("--kvserve-args", default="", help="extra `kvserve serve` flags, one shell-quoted string")
-    g.add_argument("--log-dir", type=Path, default=None, help="launched server's log (default: a temp dir)")
+    g = add_server_args(p, "attack")
     g.add_argument("--json", type=Path, default=None, help="write the results here")
     p.set_defaults(func=run)
 
@@ -46,8 +39,6 @@ def run(args: argparse.Namespace) -> None:
 
     from kvserve.bench.hostile import CaseResult
     from kvserve.bench.hostile_run import HostileOptions, run_hostile
-    from kvserve.bench.peers import ServerKind, ServerProcess, ServerSpec
-    from kvserve.bench.server_probe import ServerProbe
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     console = Console(stderr=True)
@@ -63,18 +54,8 @@ def run(args: argparse.Namespace) -> None:
         answers = ", ".join(f"{k}: {n}" for k, n in sorted(case.answers.items()))
         console.print(f"{case.name}: {case.num_tried} tried in {case.seconds:.1f} s: {answers}")
 
-    if args.url:
-        report = asyncio.run(run_hostile(args.url, ServerProbe(args.url, args.pid, None), options, on_case))
-    else:
-        with tempfile.TemporaryDirectory(prefix="kvserve-hostile-kv-") as cache_dir:
-            extra = (*shlex.split(args.kvserve_args), "--kv-cache-dir", cache_dir)
-            extra += ("--max-body-mb", str(args.max_body_mb))
-            spec = ServerSpec("kvserve", ServerKind.KVSERVE, args.model, args.ctx, args.threads, None, extra)
-            with ServerProcess(spec, args.log_dir) as server:
-                console.print(f"server: {server.url} (pid {server.pid}), log {server.log_path}")
-                report = asyncio.run(
-                    run_hostile(server.url, ServerProbe(server.url, server.pid, None), options)
-                )
+    with target_server(args, console.print, ("--max-body-mb", str(args.max_body_mb))) as probe:
+        report = asyncio.run(run_hostile(probe.base_url, probe, options, on_case))
     table = Table("case", "tried", "answers", "seconds", title="kvserve bench hostile")
     for case in report.cases:
         answers = ", ".join(f"{k}: {n}" for k, n in sorted(case.answers.items()))

@@ -9,13 +9,13 @@ import asyncio
 import json
 import logging
 import os
-import shlex
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from kvserve.cli.bench_target import add_server_args, target_server
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -45,15 +45,7 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sample-every", type=float, default=2.0, help="seconds between server samples")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model", default="smollm2", help="`model` field of the requests")
-    g = p.add_argument_group("server")
-    g.add_argument("--url", default=None, help="soak this running server instead of launching one")
-    g.add_argument("--pid", type=int, default=None, help="--url: its process id (RSS, descriptors, threads)")
-    g.add_argument("--kv-cache-dir", type=Path, default=None, help="--url: its disk tier (files, index rows)")
-    g.add_argument("--model", "-m", default="smollm2", help="launched server's model (make serve's default)")
-    g.add_argument("--ctx", type=int, default=16384, help="launched server's context (make serve's CTX)")
-    g.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="launched server's CPU threads")
-    g.add_argument("--kvserve-args", default="", help="extra `kvserve serve` flags, one shell-quoted string")
-    g.add_argument("--log-dir", type=Path, default=None, help="launched server's log (default: a temp dir)")
+    g = add_server_args(p, "soak")
     g.add_argument("--out", type=Path, default=None, help="write NAME.json and NAME.png here")
     g.add_argument("--name", default="soak", help="file name stem of the results")
     p.set_defaults(func=run)
@@ -62,8 +54,6 @@ def register(bench_sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     from rich.console import Console
 
-    from kvserve.bench.peers import ServerKind, ServerProcess, ServerSpec
-    from kvserve.bench.server_probe import ServerProbe
     from kvserve.bench.soak import SoakOptions, run_soak
     from kvserve.bench.soak_client import SoakMix
 
@@ -88,17 +78,8 @@ def run(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     console.print(f"soak: {args.clients} clients for {args.duration:.0f} s, {args.disconnect_share:.0%} cut")
-    if args.url:
-        probe = ServerProbe(args.url, args.pid, args.kv_cache_dir)
-        soak = asyncio.run(run_soak(args.url, probe, options))
-    else:
-        with tempfile.TemporaryDirectory(prefix="kvserve-soak-kv-") as cache_dir:
-            extra = (*shlex.split(args.kvserve_args), "--kv-cache-dir", cache_dir)
-            spec = ServerSpec("kvserve", ServerKind.KVSERVE, args.model, args.ctx, args.threads, None, extra)
-            with ServerProcess(spec, args.log_dir) as server:
-                console.print(f"server: {server.url} (pid {server.pid}), log {server.log_path}")
-                probe = ServerProbe(server.url, server.pid, Path(cache_dir))
-                soak = asyncio.run(run_soak(server.url, probe, options))
+    with target_server(args, console.print) as probe:
+        soak = asyncio.run(run_soak(probe.base_url, probe, options))
     _report(args, soak, console)
 
 
