@@ -82,12 +82,13 @@ class EngineCore:
         self._pending: PendingStep | None = None  # the launched step whose tokens are not read yet
         self.kv_tier = open_tier(config, loaded, self.cache_key)
         self.kv_tier.bind(self.kv_manager, self.runner)
+        self.kv_block_bytes = kv_bytes_per_block(loaded, block_size, config.torch_kv_dtype)
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
             self.max_model_len,
             self.num_blocks,
             block_size,
-            self.num_blocks * kv_bytes_per_block(loaded, block_size, config.torch_kv_dtype) / 2**20,
+            self.num_blocks * self.kv_block_bytes / 2**20,
             config.dtype
             if config.cache.kv_dtype == config.dtype
             else f"{config.dtype} (KV {config.cache.kv_dtype})",
