@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
-from starlette.types import Message, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from kvserve.serving.events import PrefillProgress
 
@@ -21,6 +21,10 @@ KEEPALIVE = ": keepalive\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # A client whose socket stays full this long has stopped reading: drop it (the reference's 2 s).
 SEND_STALL_S = 2.0
+# The ASGI scope extension (kvserve's HTTP protocol, api/http_server.py) that closes the connection at
+# once, dropping the bytes its client never read: a plain close would wait for them to drain, so a
+# client that never reads would keep the socket, its buffers and a descriptor for ever.
+ABORT_CONNECTION = "kvserve.abort_connection"
 
 
 def dumps(value: Any) -> str:
@@ -74,6 +78,10 @@ class SSEResponse(StreamingResponse):
     One watchdog timer per stream looks at the send in progress every SEND_STALL_S / 4; a send itself
     only stamps its start (a timeout context per frame cost ~10% of the event loop at 256 streams)."""
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._abort_connection = (scope.get("extensions") or {}).get(ABORT_CONNECTION)
+        await super().__call__(scope, receive, send)
+
     async def stream_response(self, send: Send) -> None:
         loop = asyncio.get_running_loop()
         send_started: float | None = None
@@ -99,6 +107,8 @@ class SSEResponse(StreamingResponse):
                 await super().stream_response(stamped_send)
             if scope.cancelled_caught:
                 logger.warning("client stopped reading for %.1f s; dropping the stream", SEND_STALL_S)
+                if self._abort_connection is not None:
+                    self._abort_connection()
         finally:
             timer.cancel()
             await self.body_iterator.aclose()  # type: ignore[attr-defined]  # aborts the engine request

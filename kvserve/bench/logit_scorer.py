@@ -44,6 +44,7 @@ class LogitScorer:
         self._num_blocks = engine.num_blocks
         self._max_model_len = engine.max_model_len
         self._step_tokens = engine.config.scheduler.max_num_batched_tokens
+        self._rope = engine.scheduler.rope
         self.mode = mode
 
     @torch.inference_mode()
@@ -61,7 +62,14 @@ class LogitScorer:
             )
         block_ids = list(range(1, num_blocks + 1))
         prompt_len = {"prompt": len(token_ids) - 1, "decode": first_scored + 1, "reuse": 1}[self.mode]
-        request = Request("score", list(token_ids[:prompt_len]), SamplingParams(max_tokens=len(token_ids)))
+        num_answer = len(token_ids) - prompt_len
+        request = Request("score", list(token_ids[:prompt_len]), SamplingParams(max_tokens=num_answer))
+        # The RoPE regime the scheduler would give this request (rope_regime.py). A chunk it would
+        # switch to the scaled regime on the way (past the trained context) is scored scaled throughout.
+        rope = self._rope
+        request.uses_trained_rope = (
+            rope is not None and rope.fits(prompt_len, num_answer) and len(token_ids) <= rope.trained_context
+        )
         rows = list(self._prefill(request, block_ids, first_scored))
         for position in range(prompt_len, len(token_ids) - 1):
             request.output_token_ids.append(token_ids[position])

@@ -111,6 +111,10 @@ class ServerProcess:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
     def start(self) -> str:
         """Launch and wait until it serves; returns the base URL."""
         assert self._process is None, "already started"

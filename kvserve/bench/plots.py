@@ -13,6 +13,8 @@ from matplotlib.ticker import MaxNLocator
 from kvserve.bench.context_sweep import ContextPoint
 from kvserve.bench.metrics import BenchMetrics
 from kvserve.bench.multiturn import TurnSummary
+from kvserve.bench.server_probe import ServerSample
+from kvserve.bench.soak_summary import SoakSummary
 
 
 def plot_serve(by_label: dict[str, BenchMetrics], path: Path, title: str) -> Path:
@@ -82,3 +84,41 @@ def _save(fig: plt.Figure, path: Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_soak(summary: SoakSummary, samples: list[ServerSample], path: Path, title: str) -> Path:
+    """RSS (with the pool's touched bytes and the ceiling), descriptors and threads, KV blocks in use,
+    the disk tier's files and index rows, and p50/p99 TTFT per window, over the run."""
+    fig, axes = plt.subplots(1, 5, figsize=(22, 4.2))
+    procs = [(s.t_s, s.process) for s in samples if s.process is not None]
+    pools = [(s.t_s, s.pool) for s in samples if s.pool is not None]
+    mib = 2**20
+    axes[0].plot([t for t, _ in procs], [p.rss_bytes / mib for _, p in procs], label="RSS")
+    if summary.rss_idle is not None:
+        touched = [(t, summary.rss_idle + p.num_touched_blocks * p.block_bytes) for t, p in pools]
+        axes[0].plot(
+            [t for t, _ in touched], [v / mib for _, v in touched], "--", label="idle + touched pool"
+        )
+    if summary.rss_ceiling is not None:
+        axes[0].axhline(summary.rss_ceiling / mib, color="tab:red", linestyle=":", label="ceiling")
+    axes[0].set_title("server RSS (MiB)")
+    axes[1].plot([t for t, _ in procs], [p.num_fds for _, p in procs], label="open descriptors")
+    axes[1].plot([t for t, _ in procs], [p.num_threads for _, p in procs], label="threads")
+    axes[1].set_title("descriptors, threads")
+    axes[2].plot([t for t, _ in pools], [p.num_used_blocks for _, p in pools], label="in use")
+    axes[2].plot([t for t, _ in pools], [p.num_cached_blocks for _, p in pools], label="cached")
+    axes[2].set_title("KV blocks")
+    disks = [(s.t_s, s.disk) for s in samples if s.disk is not None]
+    axes[3].plot([t for t, _ in disks], [d.num_files for _, d in disks], label="files")
+    axes[3].plot([t for t, _ in disks], [d.num_checkpoint_rows for _, d in disks], label="checkpoint rows")
+    axes[3].plot([t for t, _ in disks], [d.num_chunk_rows for _, d in disks], label="chunk rows")
+    axes[3].set_title("disk KV tier")
+    windows = [w for w in summary.ttft_windows if w.p50_ms is not None]
+    axes[4].plot([w.start_s for w in windows], [w.p50_ms for w in windows], marker="o", label="p50")
+    axes[4].plot([w.start_s for w in windows], [w.p99_ms for w in windows], marker="o", label="p99")
+    axes[4].set_title("TTFT by start time (ms)")
+    for ax in axes:
+        ax.set_xlabel("seconds")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    return _save(fig, path, title)

@@ -36,6 +36,7 @@ from kvserve.bench.perplexity import (
 )
 from kvserve.bench.quality_rows import ScoreMode
 from kvserve.config import EngineConfig
+from kvserve.models.rope_scaling import describe as describe_rope
 
 if TYPE_CHECKING:
     from kvserve.engine.core import EngineCore
@@ -168,6 +169,7 @@ def engine_settings(engine: EngineCore) -> dict:
         "bf16_prefill": config.bf16_prefill,
         "int8_prefill": config.int8_prefill,
         "ctx": engine.max_model_len,
+        "rope": describe_rope(engine.loaded.arch),
     }
 
 
@@ -175,7 +177,19 @@ def describe(settings: dict) -> str:
     """An engine's settings in a few words, for the table."""
     words = [settings["dtype"], f"{settings['weight_quant']} decode weights", f"{settings['kv_dtype']} KV"]
     words += ["bf16 prefill"] * settings["bf16_prefill"] + ["int8 prefill"] * settings["int8_prefill"]
-    return ", ".join([*words, f"ctx {settings['ctx']}"])
+    rope = settings.get("rope", "rope none")
+    return ", ".join([*words, f"ctx {settings['ctx']}"] + ([rope] if rope != "rope none" else []))
+
+
+def free_engine_memory() -> None:
+    """After the last reference to an engine is dropped: collect it and give its CUDA memory back, so
+    the next engine's KV pool, sized from the GPU's free memory, finds it free (torch's caching
+    allocator would still hold it, and `cuda_kv_budget_bytes` counts held memory as in use)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_row(
@@ -193,7 +207,7 @@ def run_row(
     logprobs = np.empty((text.num_scored, engine.loaded.arch.vocab_size), dtype=np.float32)
     scores = score_engine(engine, text, logprobs)
     del engine
-    gc.collect()
+    free_engine_memory()
     comparison = compare(reference.scores, reference.logprobs, scores, logprobs)
     elapsed = time.perf_counter() - start
     return RowResult(name, what, settings, scores.perplexity, scores.perplexity_stderr, comparison, elapsed)

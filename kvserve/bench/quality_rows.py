@@ -31,6 +31,7 @@ class Row:
     bf16_prefill: bool = False
     int8_prefill: bool = False
     context_factor: int = 0  # > 0: --ctx at this many times the model's own context (YaRN)
+    static_rope: bool = False  # with context_factor: --rope-scaling yarn, every request scaled
 
     def config(self, reference: EngineConfig, model_context: int) -> EngineConfig:
         return dataclasses.replace(
@@ -39,6 +40,7 @@ class Row:
             bf16_prefill=self.bf16_prefill,
             int8_prefill=self.int8_prefill,
             max_model_len=model_context * self.context_factor if self.context_factor else 0,
+            rope_scaling="yarn" if self.static_rope else None,
             cache=dataclasses.replace(reference.cache, kv_dtype=self.kv_dtype),  # type: ignore[arg-type]
         )
 
@@ -58,10 +60,23 @@ ROWS = {
         Row("int8-prefill", "int4 decode + int4 x int8 GEMM for prompts", "int4", int8_prefill=True),
         Row(
             "yarn-x2",
-            "YaRN x2: --ctx at 2x the model's context (make serve's 16K for SmolLM2)",
+            "--ctx at 2x the model's context (make serve's 16K for SmolLM2): YaRN on demand, so a chunk "
+            "that fits the trained context runs as trained",
             context_factor=2,
         ),
-        Row("yarn-x4", "YaRN x4: --ctx at 4x the model's context (32K for SmolLM2)", context_factor=4),
+        Row("yarn-x4", "--ctx at 4x the model's context (32K for SmolLM2): YaRN on demand", context_factor=4),
+        Row(
+            "yarn-x2-static",
+            "--ctx 2x with --rope-scaling yarn: every request scaled (llama.cpp's and vLLM's YaRN)",
+            context_factor=2,
+            static_rope=True,
+        ),
+        Row(
+            "yarn-x4-static",
+            "--ctx 4x with --rope-scaling yarn: every request scaled",
+            context_factor=4,
+            static_rope=True,
+        ),
     )
 }
 CONFIG_ROW = "config"  # the engine flags given: kvserve's defaults when none are

@@ -10,7 +10,7 @@ import platform
 from pathlib import Path
 
 from kvserve.bench.shape_configs import SHAPES
-from kvserve.cli import bench_cluster, bench_quality, bench_serving
+from kvserve.cli import bench_cluster, bench_hostile, bench_quality, bench_serving, bench_soak
 from kvserve.cli.engine_args import add_engine_args, engine_config_from_args
 from kvserve.engine.build import build_engine
 
@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=run_engine, max_num_batched_tokens=2048)
     bench_serving.register(bench_sub)  # serve | multiturn | context | compare (HTTP benchmarks)
     bench_quality.register(bench_sub)  # quality: perplexity and KL divergence of the fast paths
+    bench_soak.register(bench_sub)  # soak: disconnecting clients over time, the server's state after
+    bench_hostile.register(bench_sub)  # hostile: slowloris, slow readers, oversized and broken bodies
     bench_cluster.register(bench_sub)  # cluster: kvserve cluster's router against Ray's default
 
 

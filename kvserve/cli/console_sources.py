@@ -58,6 +58,8 @@ def cache_view(core: EngineCore, disk: DiskViewCache | None) -> CacheView:
         num_usable - pool.num_free_blocks,
         pool.num_cached_blocks,
         pool.num_free_blocks,
+        pool.num_touched_blocks,
+        core.kv_block_bytes,
     )
     return CacheView(pool_view, None if disk is None else disk.get())
 

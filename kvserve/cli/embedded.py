@@ -21,12 +21,12 @@ def serve_in_thread(app: Any, start_timeout_s: float = 30.0) -> Iterator[tuple[s
     """Runs uvicorn on 127.0.0.1:<free port> in a daemon thread; yields (base url, server)."""
     import uvicorn
 
+    from kvserve.api.http_server import server_config
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-    )
+    server = uvicorn.Server(server_config(app, "127.0.0.1", port, "warning"))
     thread = threading.Thread(target=server.run, name="kvserve-embedded-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

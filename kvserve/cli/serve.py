@@ -191,10 +191,9 @@ def serve_forever(app: FastAPI, args: argparse.Namespace, sock: socket.socket | 
     """uvicorn until SIGINT/SIGTERM; on `sock` if given (`api_servers.bind`)."""
     import uvicorn
 
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=logging.getLogger().level, access_log=False
-    )  # kvserve.access logs each request, with its id
-    server = uvicorn.Server(config)
+    from kvserve.api.http_server import server_config
+
+    server = uvicorn.Server(server_config(app, args.host, args.port, logging.getLogger().level))
     # The app, tokenizer and templates live as long as the process: leave them out of the
     # collector's full passes, which otherwise walk them while streams allocate per token.
     gc.collect()

@@ -21,6 +21,7 @@ from kvserve.engine.kv_tier import OpenKVTier
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, SchedulerOutput
 from kvserve.engine.overlap import PendingStep, can_overlap
 from kvserve.engine.request import CheckpointHint, Request
+from kvserve.engine.rope_regime import OnDemandRope
 from kvserve.engine.runner.encoder_cache import EncoderCache
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.engine.sampling_params import SamplingParams
@@ -69,6 +70,7 @@ class EngineCore:
             kv_manager=self.kv_manager,
             max_model_len=self.max_model_len,
             keep_images_whole=self.image_model is not None and self.image_model.image_spans_bidirectional,
+            rope=OnDemandRope.of(loaded.arch),
         )
         runner = build_runner(config, loaded, self.num_blocks, self.max_model_len)
         self.encoder_cache: EncoderCache | None = None if runner.images is None else runner.images.cache
@@ -80,12 +82,13 @@ class EngineCore:
         self._pending: PendingStep | None = None  # the launched step whose tokens are not read yet
         self.kv_tier = open_tier(config, loaded, self.cache_key)
         self.kv_tier.bind(self.kv_manager, self.runner)
+        self.kv_block_bytes = kv_bytes_per_block(loaded, block_size, config.torch_kv_dtype)
         logger.info(
             "engine ready: ctx %d, %d KV blocks of %d tokens (%.0f MiB), dtype %s, device %s",
             self.max_model_len,
             self.num_blocks,
             block_size,
-            self.num_blocks * kv_bytes_per_block(loaded, block_size, config.torch_kv_dtype) / 2**20,
+            self.num_blocks * self.kv_block_bytes / 2**20,
             config.dtype
             if config.cache.kv_dtype == config.dtype
             else f"{config.dtype} (KV {config.cache.kv_dtype})",

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import torch
 
@@ -17,6 +19,32 @@ logger = logging.getLogger(__name__)
 
 # Auto-sized KV pools stay under this on CPU so a laptop keeps its RAM; --kv-cache-memory-mb overrides.
 _AUTO_KV_CAP_MB = 4096
+# ... and under this share of the machine's memory (or its cgroup's limit). The pool's pages are mapped
+# as the prefix cache first writes them, so RSS climbs to model + pool over hours of serving: on a small
+# machine a pool sized for 16 full contexts would end in the OOM killer long after start-up.
+_AUTO_KV_RAM_SHARE = 0.25
+_CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+
+
+def auto_kv_cap_bytes(memory_bytes: int | None) -> int:
+    """The largest pool the CPU auto size takes on a machine (or cgroup) of `memory_bytes`."""
+    cap = _AUTO_KV_CAP_MB * 2**20
+    return cap if memory_bytes is None else min(cap, int(memory_bytes * _AUTO_KV_RAM_SHARE))
+
+
+def memory_limit_bytes() -> int | None:
+    """Physical memory, or the cgroup v2 limit where one is set and lower; None where unknown."""
+    try:
+        limits = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
+    except (ValueError, OSError):
+        limits = []
+    try:
+        text = _CGROUP_MEMORY_MAX.read_text().strip()
+    except OSError:
+        text = "max"
+    if text.isdigit():
+        limits.append(int(text))
+    return min(limits, default=None)
 
 
 def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int]:
@@ -99,7 +127,7 @@ def _resolve_num_blocks(config: EngineConfig, loaded: LoadedModel, max_model_len
         num_blocks = _cuda_kv_budget(config, loaded) // per_block
     else:
         wanted = blocks_per_seq * config.scheduler.max_num_seqs
-        num_blocks = min(wanted, _AUTO_KV_CAP_MB * 2**20 // per_block)
+        num_blocks = min(wanted, auto_kv_cap_bytes(memory_limit_bytes()) // per_block)
     # At least one full-context sequence must fit, else a long prompt could never be scheduled.
     num_blocks = max(num_blocks, blocks_per_seq + 1)
     return int(num_blocks)

@@ -60,7 +60,7 @@ def can_overlap(scheduler: Scheduler, num_free_blocks: int) -> bool:
     for request in running:
         limit = request.overlap_limit
         if limit is None:
-            limit = request.overlap_limit = overlap_limit(request, scheduler.token_limit(request))
+            limit = request.overlap_limit = overlap_limit(request, scheduler.regime_token_limit(request))
         num_output = len(request.output_token_ids)
         # A one-token decode: everything but the last sampled token is computed.
         if not (
@@ -75,7 +75,8 @@ def can_overlap(scheduler: Scheduler, num_free_blocks: int) -> bool:
 def overlap_limit(request: Request, token_limit: int) -> int:
     """The request may take part in an overlapped step while its output count n has n + 1 < this
     limit (after the step's token it must still be short of max_tokens and of the context: see
-    scheduler._check_stop); 0 for a request that never can (sampling, logprobs, a grammar...)."""
+    scheduler._check_stop, and of a RoPE regime switch); 0 for a request that never can (sampling,
+    logprobs, a grammar...)."""
     params = request.sampling_params
     if request.constraint is not None or not is_plain_greedy(params):
         return 0

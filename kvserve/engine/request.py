@@ -10,6 +10,7 @@ from kvserve.engine.constraint import TokenConstraint
 from kvserve.engine.image_input import ImageInput
 from kvserve.engine.positions import PositionLayout
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.models.rope_scaling import TRAINED_ROPE_OFFSET
 
 
 class RequestStatus(enum.IntEnum):
@@ -83,6 +84,9 @@ class Request:
     checkpoint_hint: CheckpointHint | None = None  # explicit disk checkpoints (agent sessions)
     overlap_limit: int | None = None  # engine/overlap.py's, computed at its first check
     images: tuple[ImageInput, ...] = ()  # in prompt order; their spans' placeholders take their rows
+    # Runs with the model's trained RoPE, not the YaRN an on-demand context plan added: set by the
+    # scheduler at admission, cleared when the sequence outgrows the trained context (rope_regime.py).
+    uses_trained_rope: bool = False
     # Where a token's rotary position is not its index (images on M-RoPE grids); None: the index.
     position_layout: PositionLayout | None = field(init=False, repr=False)
 
@@ -90,9 +94,15 @@ class Request:
         self.position_layout = PositionLayout.of(self.images)
 
     @property
+    def rope_offset(self) -> int:
+        """What this request's regime adds to every rotary position (models/layers/rotary.py)."""
+        return TRAINED_ROPE_OFFSET if self.uses_trained_rope else 0
+
+    @property
     def decode_shift(self) -> int:
-        """position - index of the tokens after the prompt (what a decode step adds)."""
-        return 0 if self.position_layout is None else self.position_layout.final_shift
+        """rotary position - index of the tokens after the prompt (what a decode step adds)."""
+        shift = 0 if self.position_layout is None else self.position_layout.final_shift
+        return shift + self.rope_offset
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -7,7 +7,10 @@ admitted first come, first served while the budget, `max_num_seqs` and the KV po
 When a running request needs a block and none is free, the latest arrival is preempted:
 its blocks are freed (they stay cached, so the recompute is often a prefix hit) and it
 goes back to the front of the queue with its output so far. A chunk may cut an image's span,
-unless the model attends both ways inside images (`keep_images_whole`).
+unless the model attends both ways inside images (`keep_images_whole`). Under on-demand RoPE
+scaling (`rope`, engine/rope_regime.py) admission picks each request's regime, and a trained-regime
+request whose answer outgrows the trained context is moved to the scaled regime the same way:
+its blocks freed (cached under the trained hashes), its prompt and output so far recomputed.
 
 The engine calls `schedule()`, runs the model, then `update()`, every step (also when
 the plan is empty: `update()` is where the final outputs of aborted requests come from).
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from kvserve.engine.kv_cache.manager import ComputedBlocks, KVCacheManager
 from kvserve.engine.outputs import EngineOutput, RunnerOutput, ScheduledRequest, SchedulerOutput
 from kvserve.engine.request import Logprob, Request, RequestStatus
+from kvserve.engine.rope_regime import OnDemandRope
 
 # Stands for a decode step's token while the step still runs: it keeps num_tokens one ahead of
 # num_computed_tokens, so the next schedule() plans the request's next decode as usual.
@@ -55,9 +59,11 @@ class Scheduler:
         max_model_len: int,
         long_prefill_token_threshold: int | None = None,
         keep_images_whole: bool = False,
+        rope: OnDemandRope | None = None,
     ) -> None:
         """`keep_images_whole`: the model attends both ways inside an image, so no prefill chunk and
-        no prefix hit may end inside one (ImageInputModel.image_spans_bidirectional)."""
+        no prefix hit may end inside one (ImageInputModel.image_spans_bidirectional). `rope`: the
+        rule of a model that scales RoPE on demand (rope_regime.py); None: one regime."""
         assert max_num_seqs > 0 and max_num_batched_tokens > 0 and max_model_len > 1
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -67,6 +73,7 @@ class Scheduler:
         self._engine_token_limit = min(max_model_len, kv_manager.max_num_tokens)
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.keep_images_whole = keep_images_whole
+        self.rope = rope
         self.waiting: deque[Request] = deque()
         # NOTE: in arrival order, since admission is FCFS and the preempted re-enter at the head
         # of the queue; the last one is the latest arrival, preempted first.
@@ -97,6 +104,9 @@ class Scheduler:
                 f"request {request.request_id}: {request.num_prompt_tokens} prompt tokens, limit {limit}"
             )
         assert request.request_id not in self._requests, f"duplicate request id {request.request_id}"
+        if self.rope is not None:  # before anything hashes its blocks: the regime is in their key
+            max_tokens = min(request.sampling_params.max_tokens, limit - request.num_prompt_tokens)
+            request.uses_trained_rope = self.rope.fits(request.num_prompt_tokens, max_tokens)
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
         self._requests[request.request_id] = request
@@ -113,6 +123,11 @@ class Scheduler:
         own = request.max_model_len
         return limit if own is None or own >= limit else own
 
+    def regime_token_limit(self, request: Request) -> int:
+        """Most tokens the request may reach without ending or changing its RoPE regime."""
+        limit = self.token_limit(request)
+        return limit if self.rope is None else min(limit, self.rope.token_limit(request))
+
     def schedule(self) -> SchedulerOutput:
         aborted = self._apply_aborts()
         plan = _StepPlan(token_budget=self.max_num_batched_tokens)
@@ -127,6 +142,7 @@ class Scheduler:
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         """Apply one step's results; returns the outputs of requests that got a token or ended."""
         outputs = [self._output(request, None, None) for request in scheduler_output.aborted]
+        outgrown: list[Request] = []  # trained-RoPE requests whose next token lies past that context
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             samples = scheduled.samples  # read before num_computed_tokens moves
@@ -145,7 +161,11 @@ class Scheduler:
             if request.constraint is not None and not request.is_finished:
                 _advance_constraint(request, token_id)
             outputs.append(self._output(request, token_id, logprob))
+            # A plain attribute first: one-regime engines pay nothing more per token.
+            if request.uses_trained_rope and self.rope is not None and self.rope.outgrown(request):
+                outgrown.append(request)
         self._release_finished()
+        self._extend(outgrown)
         return outputs
 
     def update_pending(self, scheduled: list[ScheduledRequest]) -> None:
@@ -253,6 +273,18 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.waiting.appendleft(request)
+
+    def _extend(self, outgrown: list[Request]) -> None:
+        """Move trained-regime requests that outgrew the trained context to the scaled regime: their KV
+        is recomputed under it (a prefix hit where the scaled regime has one), their output so far
+        kept. Never in an overlapped step: regime_token_limit stops those short of it."""
+        for request in outgrown:
+            if request.is_finished:  # its last token ended it: nothing more to compute
+                continue
+            self.running.remove(request)
+            self._preempt(request)  # frees the blocks under their trained hashes
+            request.uses_trained_rope = False
+            request.overlap_limit = None  # computed for the other regime's limit
 
     def _apply_aborts(self) -> list[Request]:
         aborted = []

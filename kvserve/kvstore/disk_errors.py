@@ -14,7 +14,7 @@ logger = logging.getLogger("kvserve.kvstore")
 
 
 class DiskErrorLog:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path | str) -> None:
         self.directory = directory
         self.num_failures = 0  # in total, for stats
         self._num_in_run = 0

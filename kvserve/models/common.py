@@ -25,7 +25,7 @@ from kvserve.models.fused_layers import GemvLayer, LayerNorms, LayerStep, Lowbit
 from kvserve.models.layers.attention.backend import AttentionBackend
 from kvserve.models.layers.embedding import Embedding
 from kvserve.models.layers.norm import RMSNorm
-from kvserve.models.layers.rotary import RotaryEmbedding
+from kvserve.models.layers.rotary import OnDemandRotary, RotaryEmbedding
 
 RopeTables = dict[LayerType, tuple[torch.Tensor, torch.Tensor]]  # layer type -> (cos, sin)
 
@@ -123,7 +123,7 @@ class CausalLMBase(nn.Module):
         # The greedy head's atomic-max slots per device (compute_logits_and_greedy).
         self._argmax_slots: dict[torch.device, torch.Tensor] = {}
         layer_types = sorted({arch.layer_type(i) for i in range(arch.num_hidden_layers)})
-        self.rotary = nn.ModuleDict({lt: self.build_rotary(arch, lt) for lt in layer_types})
+        self.rotary = nn.ModuleDict({lt: self._rotary(arch, lt) for lt in layer_types})
 
     # -- family hooks ---------------------------------------------------------------------
 
@@ -143,6 +143,14 @@ class CausalLMBase(nn.Module):
     def strip_hf_prefix(self, hf_name: str) -> str | None:
         """HF checkpoint name -> name in this module tree (before fusion); None skips the tensor."""
         return hf_name
+
+    def _rotary(self, arch: ModelArchConfig, layer_type: LayerType) -> nn.Module:
+        """The family's rotary embedding; under on-demand RoPE scaling, beside the one it builds for
+        the architecture as trained (rows pick theirs: OnDemandRotary)."""
+        scaled = self.build_rotary(arch, layer_type)
+        if not arch.rope_scaling_on_demand:
+            return scaled
+        return OnDemandRotary(scaled, self.build_rotary(arch.trained_arch, layer_type))
 
     # -- CausalLM protocol ----------------------------------------------------------------
 

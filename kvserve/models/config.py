@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 from kvserve.models.vision.config import (
@@ -49,10 +49,20 @@ class ModelArchConfig:
     # head_dim / 2); None: one position per token.
     mrope_section: tuple[int, ...] | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=())
+    # The context plan added `rope_scaling` (automatic YaRN past the trained context) and keeps the
+    # model's own RoPE for requests that fit that context: the model builds both tables (common.py).
+    # Not in the fingerprint: the block hashes tell the regimes apart (engine/rope_regime.py).
+    rope_scaling_on_demand: bool = False
 
     @property
     def rope_scaling_dict(self) -> dict[str, Any] | None:
         return dict(self.rope_scaling) if self.rope_scaling is not None else None
+
+    @property
+    def trained_arch(self) -> ModelArchConfig:
+        """The architecture as trained, without the on-demand RoPE scaling the context plan added."""
+        assert self.rope_scaling_on_demand
+        return replace(self, rope_scaling=None, rope_scaling_on_demand=False)
 
     @property
     def context_length(self) -> int:

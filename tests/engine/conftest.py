@@ -20,20 +20,27 @@ VOCAB = 384
 CTX = 2048
 
 
-@pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model = make_tiny_hf_model("llama_tied", seed=3)
-    model.config.max_position_embeddings = CTX
+def save_tiny_llama(path: Path, max_position_embeddings: int = CTX, seed: int = 3) -> Path:
+    model = make_tiny_hf_model("llama_tied", seed=seed)
+    model.config.max_position_embeddings = max_position_embeddings
     model.save_pretrained(path, safe_serialization=True)
     return path
 
 
-@pytest.fixture(scope="session")
-def hf_tiny_llama(tiny_llama_dir: Path):  # -> transformers model, the oracle
+def load_hf_oracle(path: Path):  # -> transformers model
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_llama(tiny_llama_dir: Path):  # -> transformers model, the oracle
+    return load_hf_oracle(tiny_llama_dir)
 
 
 def load_tiny(

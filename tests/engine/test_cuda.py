@@ -129,13 +129,29 @@ def test_yarn_graph_decode_equals_the_cpu_engine(tiny_llama_dir: Path) -> None:
     CUDA-graph decode carry YaRN's attention factor as the CPU torch path does."""
     from tests.engine.conftest import make_engine
 
-    yarn = ContextRequest(max_model_len=4 * CTX)
+    yarn = ContextRequest(4 * CTX, "yarn")  # static: these short prompts would run unscaled on demand
     graphed = _engine(tiny_llama_dir, "float32", context=yarn)
     assert graphed.loaded.arch.rope_scaling_dict["rope_type"] == "yarn" and graphed.runner.graphs is not None
     got = _generate(graphed, PROMPTS)
     assert graphed.runner.graphs.num_replays > 0
     assert got == _generate(make_engine(tiny_llama_dir, context=yarn), PROMPTS)
     assert got != _generate(_engine(tiny_llama_dir, "float32"), PROMPTS)  # the scaling matters
+
+
+def test_on_demand_yarn_graph_decode_runs_each_request_in_its_regime(tiny_llama_dir: Path) -> None:
+    """--ctx 2x, YaRN on demand: short and long requests share CUDA-graph decode steps, each row's
+    regime riding in its positions; the tokens are the CPU engine's, the long ones a static engine's."""
+    from tests.engine.conftest import make_engine
+
+    on_demand, static = ContextRequest(max_model_len=2 * CTX), ContextRequest(2 * CTX, "yarn")
+    prompts = PROMPTS[:4] + [_prompt(2040, 8), _prompt(2100, 9)]  # the last two scaled (> 2048)
+    graphed = _engine(tiny_llama_dir, "float32", context=on_demand)
+    assert graphed.scheduler.rope is not None and graphed.runner.graphs is not None
+    got = _generate(graphed, prompts)
+    assert graphed.runner.graphs.num_replays > 0
+    assert got == _generate(make_engine(tiny_llama_dir, context=on_demand, kv_dtype="float32"), prompts)
+    scaled = _generate(_engine(tiny_llama_dir, "float32", context=static), prompts)
+    assert got[4:] == scaled[4:] and got[:4] != scaled[:4]
 
 
 def test_seeded_sampling_graph_equals_eager(tiny_llama_dir: Path) -> None:

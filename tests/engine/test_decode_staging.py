@@ -140,3 +140,22 @@ def test_a_decode_after_m_rope_images_takes_the_batch_builders_position() -> Non
     eager = build_model_inputs([scheduled], BLOCK, torch.device("cpu")).positions
     assert staged.packed[POSITIONS, 0] == eager.item() == 11 - 6 + 3
     assert staged.packed[SLOTS, 0] == 2 * BLOCK + 3  # the cache slot still follows the index
+
+
+def test_the_staged_positions_are_the_eager_batchs_with_each_requests_rope_regime() -> None:
+    """A CUDA-graph decode step carries each row's RoPE regime in its positions, as the eager
+    batch does (engine/rope_regime.py): a trained-regime row gets TRAINED_ROPE_OFFSET."""
+    import torch
+
+    from kvserve.engine.runner.batch import build_model_inputs
+    from kvserve.models.rope_scaling import TRAINED_ROPE_OFFSET
+
+    rng = random.Random(7)
+    seqs = [Seq(f"s{i}", 5 + 3 * i, rng) for i in range(3)]
+    seqs[1].request.uses_trained_rope = True
+    staged = StagedRows(np.zeros((4, ROWS), np.int64), np.zeros((ROWS, MAX_BLOCKS), np.int32))
+    scheduled = [seq.scheduled() for seq in seqs]
+    staged.fill(scheduled, BLOCK, full_rows=True, with_ids=True)
+    eager = build_model_inputs(scheduled, BLOCK, torch.device("cpu")).positions.numpy()
+    assert staged.packed[POSITIONS, : len(seqs)].tolist() == eager.tolist()
+    assert eager[1] == TRAINED_ROPE_OFFSET + seqs[1].request.num_computed_tokens

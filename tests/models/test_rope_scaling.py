@@ -11,9 +11,15 @@ import torch
 
 from kvserve.models.config import ModelArchConfig, arch_config_from_hf
 from kvserve.models.fingerprint import model_fingerprint
-from kvserve.models.layers.rotary import RotaryEmbedding, rope_init
+from kvserve.models.layers.rotary import MRotaryEmbedding, OnDemandRotary, RotaryEmbedding, rope_init
 from kvserve.models.loader.safetensors import load_hf_model
-from kvserve.models.rope_scaling import ContextError, ContextRequest, plan_context
+from kvserve.models.rope_scaling import (
+    TRAINED_ROPE_OFFSET,
+    ContextError,
+    ContextRequest,
+    describe,
+    plan_context,
+)
 from tests.models.helpers import TINY, PagedDriver, make_tiny_hf_model, tiny_hf_config
 
 LOGITS_ATOL = 1e-4
@@ -135,6 +141,49 @@ def test_ctx_above_the_trained_context_enables_yarn_with_one_warning() -> None:
         "original_max_position_embeddings": 8192,
     }
     assert plan.notice is not None and "YaRN" in plan.notice and "--rope-scaling none" in plan.notice
+    # On demand: the model keeps its own RoPE for requests that fit 8192 (engine/rope_regime.py).
+    assert plan.arch.rope_scaling_on_demand and "on demand" in plan.notice
+    assert describe(plan.arch) == "rope yarn x4 of 8192 on demand"
+    assert plan.arch.trained_arch == _arch()
+
+
+def test_explicit_yarn_and_a_models_own_scaling_stay_static() -> None:
+    explicit = plan_context(_arch(), ContextRequest(32768, "yarn"))
+    assert not explicit.arch.rope_scaling_on_demand and describe(explicit.arch) == "rope yarn x4 of 8192"
+    qwen = _arch({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 32768)
+    assert not plan_context(qwen, ContextRequest(262144)).arch.rope_scaling_on_demand
+    # Both regimes' scaled arithmetic is the same: the fingerprint does not tell them apart.
+    on_demand = plan_context(_arch(), ContextRequest(32768)).arch
+    assert dataclasses.replace(on_demand, rope_scaling_on_demand=False) == explicit.arch
+
+
+def _rope_pair(mrope: bool) -> tuple[RotaryEmbedding, RotaryEmbedding]:
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    if mrope:
+        return MRotaryEmbedding(16, 10_000.0, yarn, (2, 3, 3)), MRotaryEmbedding(
+            16, 10_000.0, None, (2, 3, 3)
+        )
+    return RotaryEmbedding(16, 10_000.0, yarn), RotaryEmbedding(16, 10_000.0, None)
+
+
+@pytest.mark.parametrize("layout", ["plain", "mrope-text", "mrope-grid"])
+def test_on_demand_rotary_rows_take_their_own_regimes_tables(layout: str) -> None:
+    """Each row's cos/sin are bit for bit those of its regime's embedding alone (the YaRN attention
+    factor with the scaled ones), whatever the other rows of the batch run with."""
+    scaled, trained = _rope_pair(layout != "plain")
+    rotary = OnDemandRotary(scaled, trained)
+    positions = torch.tensor([0, 5, 63, 64, 300, 2000])
+    if layout == "mrope-grid":
+        positions = torch.stack([positions, positions + 1, positions + 2])  # [3, num_tokens]
+    is_trained = torch.tensor([True, False, True, False, True, False])
+    cos, sin = rotary(positions + is_trained * TRAINED_ROPE_OFFSET, torch.float32)
+    for rows, embedding in ((is_trained, trained), (~is_trained, scaled)):
+        want_cos, want_sin = embedding(positions[..., rows], torch.float32)
+        assert torch.equal(cos[rows], want_cos) and torch.equal(sin[rows], want_sin)
+    assert not torch.equal(trained(positions, torch.float32)[0], scaled(positions, torch.float32)[0])
+    for offset, embedding in ((TRAINED_ROPE_OFFSET, trained), (0, scaled)):  # one regime: one table
+        got, want = rotary(positions + offset, torch.float32), embedding(positions, torch.float32)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_rope_scaling_none_refuses_a_longer_ctx_naming_the_flag() -> None:

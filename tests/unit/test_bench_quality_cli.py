@@ -28,6 +28,8 @@ def test_the_defaults_are_llama_perplexitys_chunks_and_every_row() -> None:
         "int8-prefill",
         "yarn-x2",
         "yarn-x4",
+        "yarn-x2-static",
+        "yarn-x4-static",
     ]
     assert args.text.is_file() and args.text.stat().st_size > 10_000
 

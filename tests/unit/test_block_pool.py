@@ -148,3 +148,17 @@ def test_free_of_unreferenced_block_is_an_invariant_violation() -> None:
     pool.free([block])
     with pytest.raises(AssertionError):
         pool.free([block])
+
+
+def test_touched_blocks_count_each_block_once() -> None:
+    # The pool's resident share on CPU: blocks handed out at least once, however often reused.
+    pool = BlockPool(8)
+    assert pool.num_touched_blocks == 0
+    first = pool.allocate(3)
+    pool.free(first)
+    assert pool.num_touched_blocks == 3
+    again = pool.allocate(3)  # freed uncached blocks go to the head: the same three come back
+    assert {b.block_id for b in again} == {b.block_id for b in first}
+    assert pool.num_touched_blocks == 3
+    pool.allocate(4)
+    assert pool.num_touched_blocks == 7 == pool.num_usable_blocks

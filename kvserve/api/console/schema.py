@@ -82,6 +82,8 @@ class BlockPoolModel(ViewModel):
     num_used_blocks: int = Field(description="held by requests in flight")
     num_cached_blocks: int = Field(description="holding a cached prefix (in use or reusable)")
     num_free_blocks: int
+    num_touched_blocks: int = Field(0, description="ever handed out: on CPU the resident part of the pool")
+    block_bytes: int = Field(0, description="KV bytes of one block, all layers")
 
 
 class DiskSummaryModel(ViewModel):

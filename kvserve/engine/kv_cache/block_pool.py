@@ -30,6 +30,7 @@ class Block:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None  # set once the block is full and registered in the cache
+    was_allocated: bool = False  # ever handed out: its KV memory has been written (touched)
 
 
 EvictCallback = Callable[[Block, BlockHash], None]
@@ -43,6 +44,9 @@ class BlockPool:
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
         self._cached: dict[BlockHash, Block] = {}
         self._on_evict: EvictCallback | None = None
+        # Blocks ever handed out. On CPU the pool's pages are mapped lazily (runner/model_runner.py),
+        # so this, not num_blocks, is what the pool adds to the process's RSS.
+        self.num_touched_blocks = 0
 
     def listen(self, on_evict: EvictCallback | None) -> None:
         """Be told (block, hash) just before a cached block is handed out again, while its KV still
@@ -74,6 +78,9 @@ class BlockPool:
             _, block = self._free.popitem(last=False)
             self._evict(block)
             block.ref_cnt = 1
+            if not block.was_allocated:
+                block.was_allocated = True
+                self.num_touched_blocks += 1
             allocated.append(block)
         return allocated
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from kvserve.engine.kv_cache.block_hash import BlockHash, compute_block_hashes
 from kvserve.engine.kv_cache.block_pool import Block, BlockPool, EvictCallback
 from kvserve.engine.request import Request
+from kvserve.engine.rope_regime import trained_key
 
 if TYPE_CHECKING:
     from kvserve.engine.image_input import ImageInput
@@ -200,6 +201,12 @@ class KVCacheManager:
         num_tokens = request.num_tokens if num_tokens is None else num_tokens
         return self._block_hashes(request, num_tokens)[: num_tokens // self.block_size]
 
+    def extra_key_of(self, request: Request) -> bytes | str:
+        """The extra key of the request's chain hashes: the engine's, plus the RoPE regime's where the
+        request runs with the model's trained RoPE (engine/rope_regime.py), so that one regime's KV
+        is never found for the other."""
+        return trained_key(self.extra_key) if request.uses_trained_rope else self.extra_key
+
     def lookup(self, block_hash: BlockHash) -> Block | None:
         return self.pool.lookup(block_hash)
 
@@ -233,7 +240,8 @@ class KVCacheManager:
         hashes = [] if record is None else record.block_hashes
         if len(hashes) < num_tokens // self.block_size:
             tokens = request.all_token_ids[:num_tokens]
-            hashes = compute_block_hashes(tokens, self.block_size, self.extra_key, hashes, request.images)
+            key = self.extra_key_of(request)
+            hashes = compute_block_hashes(tokens, self.block_size, key, hashes, request.images)
             if record is None:
                 record = self._requests[request.request_id] = _RequestBlocks()
             record.block_hashes = hashes

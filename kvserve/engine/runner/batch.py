@@ -15,7 +15,8 @@ from kvserve.models.layers.attention.metadata import AttentionMetadata
 class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     # [num_tokens] int64 rotary positions (the token index, shifted after M-RoPE images); [3, num_tokens]
-    # (t, h, w) when a chunk holds tokens of an image on an M-RoPE grid (engine/positions.py).
+    # (t, h, w) when a chunk holds tokens of an image on an M-RoPE grid (engine/positions.py). A
+    # trained-RoPE request's carry TRAINED_ROPE_OFFSET (engine/rope_regime.py).
     positions: torch.Tensor
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling] rows of the hidden states to turn into logits
@@ -63,6 +64,9 @@ def build_model_inputs(
     positions = np.repeat(np.asarray(context_lens, dtype=np.int64), counts) + offsets
     slot_mapping = block_tables[seq_index, positions // block_size] * block_size + positions % block_size
     rope_positions = _rope_positions(scheduled, positions, query_start_loc)
+    if any(s.request.uses_trained_rope for s in scheduled):  # the regime rides in the positions
+        offsets = np.repeat(np.asarray([s.request.rope_offset for s in scheduled], dtype=np.int64), counts)
+        rope_positions = rope_positions + offsets  # broadcast over M-RoPE's three rows too
 
     attn = AttentionMetadata(
         block_size=block_size,

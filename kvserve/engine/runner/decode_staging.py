@@ -80,7 +80,8 @@ class StagedRows:
         packed = self.packed
         if with_ids:
             packed[IDS, :num_seqs] = [token_at(s, p) for s, p in zip(scheduled, positions, strict=True)]
-        # Rotary positions: the token index, shifted where the prompt held M-RoPE images.
+        # Rotary positions: the token index, shifted where the prompt held M-RoPE images, plus the
+        # RoPE regime's offset (engine/rope_regime.py).
         packed[POSITIONS, :num_seqs] = [
             p + s.request.decode_shift for s, p in zip(scheduled, positions, strict=True)
         ]

@@ -25,6 +25,7 @@ class SequenceStep:
     new_block_ids: list[int]
     new_output_ids: list[int]  # output tokens sampled since the last plan that named it
     prompt_token_ids: list[int] | None = None  # the first time only
+    uses_trained_rope: bool = False  # its RoPE regime (engine/rope_regime.py), which may change once
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class PlanEncoder:
             new_block_ids=s.block_ids[kept:],
             new_output_ids=outputs[sent_outputs:],
             prompt_token_ids=list(request.prompt_token_ids) if is_new else None,
+            uses_trained_rope=request.uses_trained_rope,
         )
 
 
@@ -98,6 +100,7 @@ class PlanDecoder:
         request = self._requests[step.request_id]
         request.output_token_ids.extend(step.new_output_ids)
         request.num_computed_tokens = step.start
+        request.uses_trained_rope = step.uses_trained_rope
         blocks = self._blocks[step.request_id]
         del blocks[step.num_kept_blocks :]
         blocks.extend(step.new_block_ids)

@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from kvserve.models.rope_scaling import TRAINED_ROPE_OFFSET
+
 
 class RopeInit(NamedTuple):
     inv_freq: torch.Tensor  # [head_dim // 2] float32, on the CPU
@@ -159,6 +161,35 @@ class MRotaryEmbedding(RotaryEmbedding):
         freqs = positions[..., None].float() * self.inv_freq  # [3, num_tokens, head_dim // 2]
         parts = freqs.split(list(self.section), dim=-1)
         return self._tables(torch.cat([part[i % 3] for i, part in enumerate(parts)], dim=-1), dtype)
+
+
+class OnDemandRotary(nn.Module):
+    """Two RoPE regimes in one batch: rows whose positions carry TRAINED_ROPE_OFFSET take `trained`'s
+    tables (the model as trained), the others `scaled`'s (YaRN, attention factor included). Both are
+    computed and one is picked per row, so each row's tables are bit for bit its regime's alone, on
+    every device and kernel that consumes the tables."""
+
+    def __init__(self, scaled: RotaryEmbedding, trained: RotaryEmbedding) -> None:
+        super().__init__()
+        self.scaled = scaled
+        self.trained = trained
+
+    def reset_parameters(self) -> None:
+        self.scaled.reset_parameters()
+        self.trained.reset_parameters()
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        is_trained = positions >= TRAINED_ROPE_OFFSET  # [num_tokens], or [3, num_tokens] (M-RoPE)
+        if not positions.is_cuda:  # the host looks without a device sync: one table for one regime
+            if not is_trained.any():
+                return self.scaled(positions, dtype)
+            if is_trained.all():
+                return self.trained(positions - TRAINED_ROPE_OFFSET, dtype)
+        plain = positions - is_trained * TRAINED_ROPE_OFFSET
+        cos, sin = self.scaled(plain, dtype)
+        cos_trained, sin_trained = self.trained(plain, dtype)
+        rows = (is_trained if positions.dim() == 1 else is_trained[0])[:, None, None]
+        return torch.where(rows, cos_trained, cos), torch.where(rows, sin_trained, sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
