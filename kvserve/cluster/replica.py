@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from kvserve.cluster.asgi_bridge import ForwardedRequest, ReplyHead, stream_asgi
@@ -16,6 +17,24 @@ from kvserve.cluster.replica_stats import ReplicaStats
 from kvserve.cluster.routing_keys import RoutingKeys, response_id_prefix
 
 logger = logging.getLogger(__name__)
+
+
+def replica_kv_dir(base: str | None, slot: str) -> str:
+    """The replica's own local disk tier under `base` (`--kv-cache-dir`, else the default): a tier's
+    directory belongs to one server (it takes an exclusive lock, and repairs and evicts what it
+    finds there), and the replicas of one node would otherwise share it. What they share is the
+    shared tier (`--kv-shared-dir`, `--kv-s3-url`)."""
+    from kvserve.kvstore.cache_dir import default_cache_dir
+
+    return str(Path(base or default_cache_dir()) / f"replica-{slot}")
+
+
+def _local_slot(context: Any, tag: str) -> str:
+    """Ray's rank of the replica on its node: a replacement takes its predecessor's rank, and so its
+    local checkpoints; the unique tag where Ray gives no rank."""
+    rank = getattr(context, "rank", None)
+    local = getattr(rank, "local_rank", None)
+    return str(local) if isinstance(local, int) else tag
 
 
 class KvserveReplica:
@@ -33,8 +52,14 @@ class KvserveReplica:
         torch.set_num_threads(torch_threads)
         self.tag = serve.get_replica_context().replica_id.unique_id
         self.node_id = ray.get_runtime_context().get_node_id()
+        context = serve.get_replica_context()
         args = argparse.Namespace(
-            **{**vars(serve_args), "api_servers": "1", "response_id_prefix": response_id_prefix(self.tag)}
+            **{
+                **vars(serve_args),
+                "api_servers": "1",
+                "response_id_prefix": response_id_prefix(self.tag),
+                "kv_cache_dir": replica_kv_dir(serve_args.kv_cache_dir, _local_slot(context, self.tag)),
+            }
         )
         self.app, self.engine = build_app(args)
         logger.info("cluster replica %s: serving with %d torch threads", self.tag, torch_threads)

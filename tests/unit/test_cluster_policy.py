@@ -197,3 +197,17 @@ def test_a_burst_of_new_sessions_spreads_before_any_is_confirmed() -> None:
     assert in_flight.counts(PROVISIONAL_TTL_S + 10) == {"r1": 1}  # unconfirmed picks expire
     in_flight.forget_replica("r1")
     assert in_flight.counts(PROVISIONAL_TTL_S + 10) == {}
+
+
+def test_each_replica_keeps_its_own_local_disk_tier(tmp_path) -> None:
+    """A local tier's directory is one server's (exclusive lock, repair, eviction): replicas of one
+    node get a folder each under --kv-cache-dir, by Ray's local rank (a replacement reuses it)."""
+    from types import SimpleNamespace
+
+    from kvserve.cluster.replica import _local_slot, replica_kv_dir
+
+    base = str(tmp_path)
+    first = replica_kv_dir(base, _local_slot(SimpleNamespace(rank=SimpleNamespace(local_rank=0)), "a"))
+    second = replica_kv_dir(base, _local_slot(SimpleNamespace(rank=SimpleNamespace(local_rank=1)), "b"))
+    assert first != second and first.startswith(base) and second.startswith(base)
+    assert replica_kv_dir(base, _local_slot(SimpleNamespace(rank=None), "tag9")).endswith("replica-tag9")
