@@ -121,6 +121,16 @@ class CheckpointStore:
             return SaveResult("failed", meta.checkpoint_id)
         if result.status == "stored":
             self._files.disk_errors.succeeded()
+            # NOTE: logged once the manifest and the index are durable: a checkpoint this line
+            # names survives a kill -9 unless a later line says it was evicted or deleted.
+            logger.info(
+                "kvstore: stored %s checkpoint %s (%d tokens, %d new chunks, %.1f MiB)",
+                meta.reason,
+                result.checkpoint_id,
+                meta.num_tokens,
+                result.num_new_chunks,
+                result.num_new_bytes / 2**20,
+            )
         return result
 
     def _save(
@@ -216,6 +226,10 @@ class CheckpointStore:
             )
         self._is_crowded = others > 0 and not plan.can_store
         for victim in plan.victim_ids:
+            # Before the delete, so that a crash inside it never hides that it was meant.
+            logger.info(
+                "kvstore: evicting checkpoint %s (over the %d MiB budget)", victim, self.budget_bytes >> 20
+            )
             self._delete(victim)
         self._num_evictions += len(plan.victim_ids)
         return plan
