@@ -12,7 +12,7 @@ Each round is one server life on the same --kv-cache-dir (the default model, Smo
    log line said it was evicted or superseded before the kill.
    Even lives read the latest checkpoints into RAM at start-up (preload), odd ones do not, so
    their first turns load stored chunks themselves.
-4. One to three turns of multi-turn conversations, each turn asking for an `agent_session`
+4. One or two turns of multi-turn conversations, each turn asking for an `agent_session`
    checkpoint (prompt + reply) as `kvserve agent` does; a conversation's first turn also writes a
    `cold` one. A small RAM pool makes finished conversations' blocks get reused (`evict` saves), a
    small disk budget makes every save evict older checkpoints. The first turn of a conversation
@@ -237,7 +237,7 @@ class Harness:
         self.conversations = [c for c in self.conversations if c.num_chars() < MAX_CONVERSATION_CHARS]
         if len(self.conversations) < 2 or self.rng.random() < 0.15:
             self.num_made += 1
-            self.conversations.append(Conversation(f"conv-{self.num_made}", words(self.rng, 330) + "."))
+            self.conversations.append(Conversation(f"conv-{self.num_made}", words(self.rng, 480) + "."))
         return self.rng.choice(self.conversations)
 
     def turn(self, url: str, round_: int, conversation: Conversation) -> None:
@@ -299,7 +299,7 @@ class Harness:
         try:
             self.ledger.read_log(log)  # the start's repairs and evictions
             self.check_after_start(round_)
-            for _ in range(self.rng.randint(0, 2)):
+            for _ in range(self.rng.randint(0, 1)):
                 self.turn(url, round_, self.conversation())
             self.last_turn_and_kill(url, round_, process)
         finally:

@@ -35,6 +35,7 @@ from kvserve.kvstore.checkpoint import (
 from kvserve.kvstore.checkpoint_files import CheckpointFiles, ChunkProvider, ChunkUnavailableError
 from kvserve.kvstore.chunk_format import chunk_file_size
 from kvserve.kvstore.chunking import chunk_spans, longest_stored_run, prefix_key
+from kvserve.kvstore.disk_errors import check_free_space
 from kvserve.kvstore.eviction import (
     DEFAULT_EVICTION_POLICY,
     EvictionPlan,
@@ -160,6 +161,7 @@ class CheckpointStore:
                 plan = self._evict(incoming, token_ids, block_hashes)
                 if not plan.can_store:
                     return SaveResult(plan.outcome, checkpoint_id)
+                check_free_space(self.directory, new_bytes)
             try:
                 self._write_and_add(meta, manifest, token_ids, spans, missing, sizes, provider)
             except ChunkUnavailableError:
