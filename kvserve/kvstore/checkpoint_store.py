@@ -48,6 +48,7 @@ from kvserve.kvstore.eviction import (
 )
 from kvserve.kvstore.layout import has_flat_layout, migrate_flat_layout, model_dir, other_models_bytes
 from kvserve.kvstore.manifest import encode_manifest
+from kvserve.kvstore.names import is_checkpoint_id
 from kvserve.kvstore.text_prefix import longest_text_prefix
 
 __all__ = ["CheckpointStore", "ChunkProvider", "ChunkUnavailableError"]
@@ -335,6 +336,8 @@ class CheckpointStore:
         self._files.rewrite_manifest(meta.used(now, hit=hit), token_ids)
 
     def delete(self, checkpoint_id: str) -> bool:
+        if not is_checkpoint_id(checkpoint_id):  # no such checkpoint, and never a path
+            return False
         with self._lock:
             return self._delete(checkpoint_id)
 
