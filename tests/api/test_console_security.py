@@ -171,3 +171,20 @@ def test_no_spelling_of_a_static_path_reads_outside_the_static_folder_even_with_
     status, _, body = raw(port, "GET", path, {"authorization": f"Bearer {KEY}"})
     assert status != 200 or body in STATIC_FILES, (path, status, body[:200])
     assert b"root:" not in body and b"def " not in body
+
+
+@pytest.mark.parametrize(
+    "response_id", ["..%2f..%2f..%2fetc%2fpasswd", "%2e%2e", "resp_..%5c..%5cx", "%00", "resp_%252e%252e"]
+)
+def test_a_path_like_response_id_is_only_an_unknown_id(port: int, response_id: str) -> None:
+    """The other id-taking routes (`/v1/responses/{id}`, kept in SQLite): a 404 in the OpenAI shape."""
+    for method in ("GET", "DELETE"):
+        status, headers, body = raw(
+            port, method, f"/v1/responses/{response_id}", {"authorization": f"Bearer {KEY}"}
+        )
+        assert status == 404 and headers["content-type"].startswith("application/json"), (
+            method,
+            status,
+            body,
+        )
+        assert b'"error"' in body and b"root:" not in body
