@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -331,7 +331,9 @@ class Harness:
         process.send_signal(signal.SIGKILL)
         thread.join(60)
 
-    def run(self, num_rounds: int) -> Report:
+    def run(self, num_rounds: int, report_path: Path | None = None) -> Report:
+        """`num_rounds` lives; the report so far is rewritten to `report_path` after each one (a run
+        stopped early still leaves its figures)."""
         started = time.monotonic()
         for round_ in range(num_rounds):
             self.run_round(round_)
@@ -341,14 +343,22 @@ class Harness:
                 f"{self.report.loads_checked} loads checked, {len(self.report.failures)} failures",
                 flush=True,
             )
+            if report_path is not None:
+                report_path.write_text(json.dumps(asdict(self.summary(started)), indent=2) + "\n")
         self.check_before_start(num_rounds)
-        ledger, report = self.ledger, self.report
-        report.checkpoints_stored = ledger.stored_by_reason
-        report.checkpoints_evicted, report.checkpoints_superseded = ledger.num_evicted, ledger.num_superseded
-        report.disk_loads_logged = ledger.num_disk_loads
-        report.failures += [f"a server met a corrupt entry: {c}" for c in ledger.corrupt]
-        report.seconds = round(time.monotonic() - started, 1)
-        return report
+        return self.summary(started)
+
+    def summary(self, started: float) -> Report:
+        ledger = self.ledger
+        return replace(
+            self.report,
+            checkpoints_stored=dict(ledger.stored_by_reason),
+            checkpoints_evicted=ledger.num_evicted,
+            checkpoints_superseded=ledger.num_superseded,
+            disk_loads_logged=ledger.num_disk_loads,
+            failures=[*self.report.failures, *(f"a server met a corrupt entry: {c}" for c in ledger.corrupt)],
+            seconds=round(time.monotonic() - started, 1),
+        )
 
 
 @contextlib.contextmanager
@@ -379,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         work.mkdir(parents=True, exist_ok=True)
         url = stack.enter_context(reference_server())
-        report = Harness(work, args.seed, args.write_delay_ms, url).run(args.rounds)
+        report = Harness(work, args.seed, args.write_delay_ms, url).run(args.rounds, args.json)
     text = json.dumps(asdict(report), indent=2)
     print(text)
     if args.json:
