@@ -38,6 +38,20 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class SharedKVConfig:
+    """The KV tier shared by replicas (kvserve/kvstore/shared): a directory every replica mounts
+    (NFS) or an S3 bucket, beside each replica's own disk tier."""
+
+    location: str  # a directory, or s3://bucket[/prefix]
+    endpoint_url: str | None = None  # an S3-compatible server's URL (SeaweedFS, MinIO); None: AWS's
+    refresh_s: float = 10.0  # list the shared manifests this often in the background
+    miss_refresh_s: float = 1.0  # and on a lookup that misses, at most this often
+    # Save each finished turn (prompt + reply), so the session's next turn finds it on any replica,
+    # also after the replica that served it died (which leaves no shutdown save).
+    save_turns: bool = True
+
+
+@dataclass(frozen=True)
 class KVStoreConfig:
     """The disk KV tier (kvserve/kvstore): checkpoints that outlive the RAM cache and restarts."""
 
@@ -52,6 +66,7 @@ class KVStoreConfig:
     # it) as free cached blocks, so a restart's first request finds its prefix in RAM instead of
     # reading it from disk on its critical path. 0 turns it off.
     preload_fraction: float = 0.5
+    shared: SharedKVConfig | None = None  # a tier shared with other replicas, below this one
 
 
 @dataclass(frozen=True)

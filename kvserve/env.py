@@ -43,6 +43,8 @@ class EnvSwitches:
     # (after each chunk file, before the manifest, between a manifest's and its chunks' removal), so
     # the crash harness's kill -9 lands inside those windows more often (scripts/crash_harness.py).
     kv_write_delay_ms: float
+    # KVSERVE_DENSE_PACK: prompt GEMMs on bf16 weights packed once for oneDNN (models/layers/quant.py).
+    is_dense_pack_enabled: bool
 
 
 def read_switches(environ: Mapping[str, str]) -> EnvSwitches:
@@ -57,6 +59,7 @@ def read_switches(environ: Mapping[str, str]) -> EnvSwitches:
         gemv_full_k_max_mb=_amount(environ, "KVSERVE_GEMV_FULL_K_MB", default=16.0),
         switch_interval_ms=_amount(environ, "KVSERVE_SWITCH_INTERVAL_MS", default=0.0),
         kv_write_delay_ms=_amount(environ, "KVSERVE_KV_WRITE_DELAY_MS", default=0.0),
+        is_dense_pack_enabled=_flag(environ, "KVSERVE_DENSE_PACK", default=True),
     )
 
 

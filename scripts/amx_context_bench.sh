@@ -13,6 +13,7 @@
 #   $LLAMA_BIN a folder with a llama-server built for the CPU, or $LLAMA_SRC a tarball of the vendored
 #             llama.cpp tree to build it here with the ISA flags in $LLAMA_ISA (all cores; ~3 min on 16);
 #             neither with TARGETS=kvserve (this tree's kvserve alone after "before").
+#   $ROUNDS   before/after rounds, interleaved (default 1; llama-server only in the first).
 # Results (JSON, CSV, logs) go to $OUT.
 set -uo pipefail
 OUT=${OUT:-amx-out}; mkdir -p "$OUT"
@@ -48,15 +49,22 @@ done; wait
 yarn=(--rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 8192)
 common=(--model smollm2 --frontiers "$FRONTIERS" --decode-tokens 32 --no-progress --out "$OUT")
 
+# ROUNDS > 1 interleaves before/after rounds (this tree's kvserve alone after the first), since the
+# lent hosts vary by ~15% from one minute to the next: compare within a round, report every round.
+for round in $(seq "${ROUNDS:-1}"); do
+sfx=$([ "${ROUNDS:-1}" -gt 1 ] && echo "-r$round")
+targets=$([ "$round" -eq 1 ] && echo "${TARGETS:-kvserve,llama-server}" || echo kvserve)
 # "before": the older tree's server, started by hand (bench launches only this tree's kvserve).
-(cd /tmp/old && PYTHONPATH=/tmp/old:/tmp/site OMP_NUM_THREADS=2 taskset -c "$CORES" \
-  python3 -m kvserve serve --model smollm2 --device cpu --ctx 16384 --port 8199 > "$OUT/before-server.log" 2>&1) &
+# Its own cache folder each round: its disk tier would otherwise serve the next round's prompt.
+(cd /tmp/old && XDG_CACHE_HOME=$(mktemp -d) PYTHONPATH=/tmp/old:/tmp/site OMP_NUM_THREADS=2 taskset -c "$CORES" \
+  python3 -m kvserve serve --model smollm2 --device cpu --ctx 16384 --port 8199 > "$OUT/before-server$sfx.log" 2>&1) &
 for _ in $(seq 600); do curl -sf http://127.0.0.1:8199/health > /dev/null && break; sleep 1; done
 PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench context --url http://127.0.0.1:8199 \
-  "${common[@]}" --name context-before 2>&1 | tee "$OUT/before.log" | grep -v '^{'
+  "${common[@]}" --name context-before$sfx 2>&1 | tee "$OUT/before$sfx.log" | grep -v '^{'
 pkill -f "port 8199"; sleep 2
 
 # this tree's kvserve and llama-server, launched by bench side by side.
 PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench compare context --ctx 16384 \
-  --threads 2 --targets "${TARGETS:-kvserve,llama-server}" --kvserve-args "--device cpu" --llama-args "${yarn[*]}" --log-dir "$OUT" "${common[@]}" \
-  --name context-after 2>&1 | tee "$OUT/after.log" | grep -v '^{'
+  --threads 2 --targets "$targets" --kvserve-args "--device cpu" --llama-args "${yarn[*]}" --log-dir "$OUT" "${common[@]}" \
+  --name context-after$sfx 2>&1 | tee "$OUT/after$sfx.log" | grep -v '^{'
+done

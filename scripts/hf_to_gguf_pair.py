@@ -1,7 +1,7 @@
-"""An Idefics3 / SmolVLM HF folder -> llama.cpp's pair of files, as `convert_hf_to_gguf.py` (run once
-without and once with `--mmproj`) writes them: `{name}-F32.gguf` (the language model) and
-`mmproj-{name}-F32.gguf` (the vision tower and connector), for `kvserve serve --model` (which takes
-the mmproj beside it) or `llama-server -m ... --mmproj ...`.
+"""An Idefics3 / SmolVLM or Qwen2.5-VL HF folder -> llama.cpp's pair of files, as
+`convert_hf_to_gguf.py` (run once without and once with `--mmproj`) writes them: `{name}-F32.gguf`
+(the language model) and `mmproj-{name}-F32.gguf` (the vision tower and connector), for
+`kvserve serve --model` (which takes the mmproj beside it) or `llama-server -m ... --mmproj ...`.
 
     python3 scripts/hf_to_gguf_pair.py path/to/SmolVLM-256M-Instruct out/ --outtype f16
 
@@ -29,8 +29,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--tokenizer-pre",
-        default="smollm",
-        help="llama.cpp's pre-tokenizer name (its converter finds it by hashing; SmolVLM's is smollm)",
+        default=None,
+        help="llama.cpp's pre-tokenizer name (its converter finds it by hashing); "
+        "default: the family's (SmolVLM: smollm, Qwen2.5-VL: qwen2)",
     )
     args = parser.parse_args()
     pair = write_gguf_pair(args.folder, args.out_dir, outtype=args.outtype, tokenizer_pre=args.tokenizer_pre)

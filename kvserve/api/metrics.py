@@ -112,6 +112,14 @@ class Metrics:
                 "kvserve_kv_disk_entries": ("Checkpoints in the disk KV cache", "num_checkpoints"),
                 "kvserve_kv_disk_bytes": ("Bytes used by the disk KV cache", "num_bytes"),
                 "kvserve_kv_disk_evictions": ("Checkpoints evicted from the disk KV cache", "num_evictions"),
+                "kvserve_kv_shared_hits": (
+                    "Requests that loaded a prefix from the KV tier shared by replicas",
+                    "num_shared_hits",
+                ),
+                "kvserve_kv_shared_hit_tokens": (
+                    "Prompt tokens loaded from the KV tier shared by replicas",
+                    "num_shared_hit_tokens",
+                ),
             },
             "encoder_cache": {
                 "kvserve_encoder_cache_hits": ("Images whose vision-encoder output was kept", "num_hits"),

@@ -178,6 +178,17 @@ def describe(settings: dict) -> str:
     return ", ".join([*words, f"ctx {settings['ctx']}"])
 
 
+def free_engine_memory() -> None:
+    """After the last reference to an engine is dropped: collect it and give its CUDA memory back, so
+    the next engine's KV pool, sized from the GPU's free memory, finds it free (torch's caching
+    allocator would still hold it, and `cuda_kv_budget_bytes` counts held memory as in use)."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_row(
     build: Callable[[EngineConfig], EngineCore],
     name: str,
@@ -193,7 +204,7 @@ def run_row(
     logprobs = np.empty((text.num_scored, engine.loaded.arch.vocab_size), dtype=np.float32)
     scores = score_engine(engine, text, logprobs)
     del engine
-    gc.collect()
+    free_engine_memory()
     comparison = compare(reference.scores, reference.logprobs, scores, logprobs)
     elapsed = time.perf_counter() - start
     return RowResult(name, what, settings, scores.perplexity, scores.perplexity_stderr, comparison, elapsed)

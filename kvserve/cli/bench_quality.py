@@ -98,7 +98,13 @@ def run(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace, rows: list[str], scratch: Path) -> dict:
     """The reference once, then every row against it, then llama-perplexity; the report as JSON."""
-    from kvserve.bench.quality import ReferenceStore, describe, reference_run, run_row
+    from kvserve.bench.quality import (
+        ReferenceStore,
+        describe,
+        free_engine_memory,
+        reference_run,
+        run_row,
+    )
     from kvserve.bench.quality_rows import reference_config
     from kvserve.engine.build import build_engine
 
@@ -111,6 +117,7 @@ def measure(args: argparse.Namespace, rows: list[str], scratch: Path) -> dict:
     store = ReferenceStore(args.reference_dir or scratch / "reference")
     reference = reference_run(reference_engine, text, store)
     del reference_engine
+    free_engine_memory()
     results = []
     for name in rows:
         if name == CONFIG_ROW:

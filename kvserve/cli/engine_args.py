@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from kvserve.config import (
     KV_DTYPE_CHOICES,
@@ -16,6 +17,7 @@ from kvserve.config import (
     EngineConfig,
     KVStoreConfig,
     SchedulerConfig,
+    SharedKVConfig,
 )
 from kvserve.kvstore.cache_dir import default_cache_dir
 
@@ -32,7 +34,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--mmproj",
         default=d.mmproj,
         metavar="FILE",
-        help="a GGUF model's vision projector (llama.cpp's mmproj file, SmolVLM's idefics3); default "
+        help="a GGUF model's vision projector (llama.cpp's mmproj file: SmolVLM's, Qwen2.5-VL's); default "
         "auto: the one mmproj*.gguf beside the model file; none: text only",
     )
     g.add_argument("--no-mmproj", action="store_true", help="load no vision projector (--mmproj none)")
@@ -170,18 +172,61 @@ def add_kv_store_args(parser: argparse.ArgumentParser) -> None:
         help="do not read the most recently used checkpoints into RAM at start-up (up to half the pool)",
     )
     g.add_argument("--no-kv-cache", action="store_true", help="no disk KV tier (RAM prefix cache only)")
+    add_shared_kv_args(g)
+
+
+def add_shared_kv_args(group: argparse._ActionsContainer) -> None:
+    """Where the KV tier shared by replicas lives (`kvserve serve` and `kvserve kv`)."""
+    where = group.add_mutually_exclusive_group()
+    where.add_argument(
+        "--kv-shared-dir",
+        metavar="PATH",
+        default=None,
+        help="a KV tier shared with other replicas: a directory they all mount (NFS); below the disk tier",
+    )
+    where.add_argument(
+        "--kv-s3-url",
+        metavar="s3://BUCKET[/PREFIX]",
+        default=None,
+        help="a KV tier shared with other replicas in an S3 bucket (credentials from the AWS_* variables)",
+    )
+    group.add_argument(
+        "--kv-s3-endpoint",
+        metavar="URL",
+        default=None,
+        help="an S3-compatible server (SeaweedFS, MinIO); default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS",
+    )
+
+
+def shared_kv_location(args: argparse.Namespace) -> str | None:
+    """The shared tier the flags name (a directory or an s3:// URL), or None."""
+    shared_dir, s3_url = getattr(args, "kv_shared_dir", None), getattr(args, "kv_s3_url", None)
+    if s3_url is not None and not s3_url.startswith("s3://"):
+        sys.exit(f"kvserve: --kv-s3-url must look like s3://bucket/prefix, not {s3_url!r}")
+    if getattr(args, "kv_s3_endpoint", None) and s3_url is None:
+        sys.exit("kvserve: --kv-s3-endpoint needs --kv-s3-url")
+    return shared_dir or s3_url
 
 
 def kv_store_config_from_args(args: argparse.Namespace) -> KVStoreConfig | None:
+    shared = shared_kv_location(args)
     if getattr(args, "no_kv_cache", True):  # also: a command without the flags
+        if shared is not None:
+            sys.exit(
+                "kvserve: a shared KV tier (--kv-shared-dir, --kv-s3-url) needs the disk tier: drop --no-kv-cache"
+            )
         return None
     if args.kv_cache_budget_mb < 1:
         sys.exit("kvserve: --kv-cache-budget-mb must be >= 1")
     directory = args.kv_cache_dir or str(default_cache_dir())
+    if shared is not None and not shared.startswith("s3://") and _same_dir(shared, directory):
+        # The local tier evicts and repairs its directory as its own: it would delete shared objects.
+        sys.exit("kvserve: --kv-shared-dir must not be the --kv-cache-dir (each replica keeps its own)")
     return KVStoreConfig(
         directory=directory,
         budget_mb=args.kv_cache_budget_mb,
         preload_fraction=0.0 if args.no_kv_cache_preload else KVStoreConfig.preload_fraction,
+        shared=None if shared is None else SharedKVConfig(shared, args.kv_s3_endpoint),
     )
 
 
@@ -215,3 +260,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         kv_store=kv_store_config_from_args(args),
     )
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()

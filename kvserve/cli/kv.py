@@ -5,6 +5,10 @@ Read-only commands work beside a running server; the editing ones (rm, prune, ve
 take the directory's lock and refuse while a server holds it (and first move an old
 flat-layout cache into its model subdirectory, as a server would).
 
+With `--kv-shared-dir` or `--kv-s3-url` every command works on the tier shared by replicas instead,
+while they run: it has no lock, and the editing commands delete nothing younger than `--grace`
+(kvstore/shared/sweep.py says why that is safe).
+
 The inventory, layout and verify modules (numpy, SQLite; verify's chunk reads import torch) are
 imported by the commands when they run, so building the parser (`kvserve --help`) does not.
 """
@@ -24,11 +28,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvserve.cli import kv_format as fmt
+from kvserve.cli.engine_args import add_shared_kv_args, shared_kv_location
 from kvserve.kvstore.cache_dir import CacheDirBusyError, DirLock, default_cache_dir
 from kvserve.kvstore.prune import PruneFilter, Victim, parse_duration, plan_prune
 
 if TYPE_CHECKING:
     from kvserve.kvstore.inventory import Inventory
+    from kvserve.kvstore.shared.inventory import SharedScan
+    from kvserve.kvstore.shared.object_store import ObjectStore
+    from kvserve.kvstore.verify import Problem, VerifyReport
 
 MIB = 1 << 20
 
@@ -46,17 +54,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help=f"cache directory (default {default_cache_dir()})",
     )
+    add_shared_kv_args(common.add_argument_group("shared KV tier (instead of the cache directory)"))
+    grace = argparse.ArgumentParser(add_help=False)
+    grace.add_argument(
+        "--grace",
+        type=parse_duration,
+        default=3600.0,
+        metavar="DURATION",
+        help="shared tier only: never delete an object younger than this (default 1h)",
+    )
     p = sub.add_parser("kv", help="inspect and edit the disk KV cache")
     kv_sub = p.add_subparsers(dest="kv_command", required=True, metavar="KV_COMMAND")
     ls = kv_sub.add_parser("ls", parents=[common], help="list checkpoints with sizes, hits and totals")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
-    ls.set_defaults(func=_guarded(_ls))
+    ls.set_defaults(func=_guarded(_ls, _shared_ls))
     show = kv_sub.add_parser("show", parents=[common], help="all metadata of one checkpoint")
     show.add_argument("checkpoint_id", metavar="ID", help="checkpoint id (a unique prefix will do)")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.add_argument("--model", metavar="FP", help="only look among models whose fingerprint starts with FP")
-    show.set_defaults(func=_guarded(_show))
-    prune = kv_sub.add_parser("prune", parents=[common], help="remove checkpoints by budget, age or model")
+    show.set_defaults(func=_guarded(_show, _shared_show))
+    prune = kv_sub.add_parser(
+        "prune", parents=[common, grace], help="remove checkpoints by budget, age or model"
+    )
     prune.add_argument(
         "--budget-mb", type=float, metavar="N", help="evict by the server's policy until the cache fits N MiB"
     )
@@ -67,29 +86,38 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model", metavar="FP", help="only checkpoints whose model fingerprint starts with FP"
     )
     prune.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
-    prune.set_defaults(func=_guarded(_prune))
-    check = kv_sub.add_parser("verify", parents=[common], help="hash-verify every chunk and manifest")
+    prune.set_defaults(func=_guarded(_prune, _shared_prune))
+    check = kv_sub.add_parser("verify", parents=[common, grace], help="hash-verify every chunk and manifest")
     check.add_argument("--fix", action="store_true", help="remove what is bad and rebuild the index")
-    check.set_defaults(func=_guarded(_verify))
-    rm = kv_sub.add_parser("rm", parents=[common], help="remove checkpoints (and the chunks only they use)")
+    check.set_defaults(func=_guarded(_verify, _shared_verify))
+    rm = kv_sub.add_parser(
+        "rm", parents=[common, grace], help="remove checkpoints (and the chunks only they use)"
+    )
     rm.add_argument(
         "checkpoint_ids", nargs="*", metavar="ID", help="checkpoint ids (unique prefixes will do)"
     )
     rm.add_argument("--all", action="store_true", help="remove every checkpoint (of --model, if given)")
     rm.add_argument("--model", metavar="FP", help="only checkpoints whose model fingerprint starts with FP")
-    rm.set_defaults(func=_guarded(_rm))
+    rm.set_defaults(func=_guarded(_rm, _shared_rm))
 
 
 Command = Callable[[argparse.Namespace, Path], int]
+SharedCommand = Callable[[argparse.Namespace, "ObjectStore"], int]
 
 
-def _guarded(command: Command) -> Callable[[argparse.Namespace], NoReturn]:
+def _guarded(command: Command, shared_command: SharedCommand) -> Callable[[argparse.Namespace], NoReturn]:
     """The command's edge: user mistakes and I/O errors become one line and exit status 1."""
 
     def run(args: argparse.Namespace) -> NoReturn:
         try:
-            status = command(args, args.kv_cache_dir or default_cache_dir())
-        except (KVCommandError, OSError) as error:
+            location = shared_kv_location(args)
+            if location is None:
+                status = command(args, args.kv_cache_dir or default_cache_dir())
+            else:
+                from kvserve.kvstore.shared.open_store import open_object_store
+
+                status = shared_command(args, open_object_store(location, args.kv_s3_endpoint))
+        except (KVCommandError, OSError, ValueError) as error:
             _fail(str(error))
         sys.exit(status)
 
@@ -142,13 +170,16 @@ def _editing(directory: Path, *, enabled: bool = True) -> Iterator[None]:
 
 
 def _ls(args: argparse.Namespace, directory: Path) -> int:
-    inventories = _inventories(directory)
+    return _print_ls(args, _inventories(directory), str(directory))
+
+
+def _print_ls(args: argparse.Namespace, inventories: Sequence[Inventory], directory: str) -> int:
     now = time.time()
     found = sorted(_all_entries(inventories), key=lambda f: f.entry.checkpoint.meta.last_used, reverse=True)
     models = [fmt.model_summary(inventory) for inventory in inventories]
     if args.json:
         records = [fmt.record(f.entry, now) | {"model_dir": _model_dir(f.inventory)} for f in found]
-        document = {"directory": str(directory), "models": models, "checkpoints": records}
+        document = {"directory": directory, "models": models, "checkpoints": records}
         print(json.dumps(document | {"totals": fmt.totals(inventories)}, indent=2))
         return 0
     console = fmt.console()
@@ -169,7 +200,7 @@ def _ls(args: argparse.Namespace, directory: Path) -> int:
             fmt.ago(record["last_used"], now),
             fmt.model(f.entry),
         )
-    console.print(f"KV cache {escape(str(directory))}", highlight=False)
+    console.print(f"KV cache {escape(directory)}", highlight=False)
     if found:
         console.print(table)
     for model in models:
@@ -218,7 +249,11 @@ def _resolve(inventories: Sequence[Inventory], id_prefix: str, model: str | None
 
 
 def _show(args: argparse.Namespace, directory: Path) -> int:
-    inventory, entry = _resolve(_inventories(directory), args.checkpoint_id, args.model)
+    return _print_show(args, _inventories(directory))
+
+
+def _print_show(args: argparse.Namespace, inventories: Sequence[Inventory]) -> int:
+    inventory, entry = _resolve(inventories, args.checkpoint_id, args.model)
     now = time.time()
     record = fmt.record(entry, now) | {"model_dir": _model_dir(inventory)}
     users = inventory.chunk_users()
@@ -293,7 +328,8 @@ def _rm(args: argparse.Namespace, directory: Path) -> int:
         return _remove(victims, dry_run=False)
 
 
-def _remove(victims: Sequence[Victim], *, dry_run: bool) -> int:
+def _print_victims(victims: Sequence[Victim], *, dry_run: bool) -> bool:
+    """List what is (or would be) removed; True when that is all there is to do (a dry run)."""
     console = fmt.console()
     verb = "would remove" if dry_run else "removed"
     for _, entry in victims:
@@ -305,7 +341,13 @@ def _remove(victims: Sequence[Victim], *, dry_run: bool) -> int:
         )
     if dry_run:
         console.print(f"{len(victims)} checkpoints would be removed (dry run)")
+    return dry_run
+
+
+def _remove(victims: Sequence[Victim], *, dry_run: bool) -> int:
+    if _print_victims(victims, dry_run=dry_run):
         return 0
+    console = fmt.console()
     from kvserve.kvstore.inventory import remove_checkpoints
 
     by_dir: dict[Path, tuple[Inventory, list[str]]] = {}
@@ -327,20 +369,8 @@ def _verify(args: argparse.Namespace, directory: Path) -> int:
         inventories = _inventories(directory)
         reports = [(inventory, verify(inventory)) for inventory in inventories]
         console = fmt.console()
-        console.print(f"KV cache {escape(str(directory))}: {len(reports)} models", highlight=False)
-        problems = []
-        for inventory, report in reports:
-            identity = report.identity
-            model = "empty" if identity is None else f"model {identity.fingerprint} ({identity.dtype})"
-            where = "old flat layout" if inventory.is_flat_layout else f"{inventory.model_dir_name[:12]}/"
-            console.print(
-                f"  {where} {model}: {report.num_checkpoints_ok} checkpoints and "
-                f"{report.num_chunks_ok} chunks verified, {len(report.problems)} problems",
-                highlight=False,
-            )
-            problems += report.problems
+        problems = _print_reports(f"KV cache {directory}", reports)
         if not problems:
-            console.print("[green]ok[/green]: no problems found")
             return 0
         table = Table("problem", "file", "why")
         for problem in problems:
@@ -360,6 +390,26 @@ def _verify(args: argparse.Namespace, directory: Path) -> int:
         return 0
 
 
+def _print_reports(where: str, reports: Sequence[tuple[Inventory, VerifyReport]]) -> list[Problem]:
+    """One line per model; returns every problem (after saying "ok" when there is none)."""
+    console = fmt.console()
+    console.print(f"{escape(where)}: {len(reports)} models", highlight=False)
+    problems: list[Problem] = []
+    for inventory, report in reports:
+        identity = report.identity
+        model = "empty" if identity is None else f"model {identity.fingerprint} ({identity.dtype})"
+        where = "old flat layout" if inventory.is_flat_layout else f"{inventory.model_dir_name[:12]}/"
+        console.print(
+            f"  {where} {model}: {report.num_checkpoints_ok} checkpoints and "
+            f"{report.num_chunks_ok} chunks verified, {len(report.problems)} problems",
+            highlight=False,
+        )
+        problems += report.problems
+    if not problems:
+        console.print("[green]ok[/green]: no problems found")
+    return problems
+
+
 def _is_busy(directory: Path) -> bool:
     try:
         DirLock(directory, exclusive=True).release()
@@ -368,3 +418,101 @@ def _is_busy(directory: Path) -> bool:
     except OSError:
         return False
     return False
+
+
+# -- the shared tier (--kv-shared-dir, --kv-s3-url) -----------------------------------------
+
+
+def _scan_shared(store: ObjectStore) -> SharedScan:
+    from kvserve.kvstore.shared.inventory import scan_shared
+
+    return scan_shared(store)
+
+
+def _shared_ls(args: argparse.Namespace, store: ObjectStore) -> int:
+    return _print_ls(args, _scan_shared(store).inventories, store.url)
+
+
+def _shared_show(args: argparse.Namespace, store: ObjectStore) -> int:
+    return _print_show(args, _scan_shared(store).inventories)
+
+
+def _shared_prune(args: argparse.Namespace, store: ObjectStore) -> int:
+    from kvserve.kvstore.shared.sweep import plan_shared_prune
+
+    if args.budget_mb is None and args.older_than is None and args.model is None:
+        raise KVCommandError("prune needs --budget-mb, --older-than or --model")
+    if args.budget_mb is not None and args.budget_mb < 0:
+        raise KVCommandError("--budget-mb must be >= 0")
+    scan = _scan_shared(store)
+    budget = None if args.budget_mb is None else int(args.budget_mb * MIB)
+    now = time.time()
+    plan = plan_shared_prune(scan, now, budget, PruneFilter(args.older_than, args.model), args.grace)
+    if not plan.fits and not plan.victims:
+        raise KVCommandError(
+            f"the shared tier cannot be brought under {args.budget_mb:g} MiB now (checkpoints younger "
+            "than --grace are kept); nothing removed"
+        )
+    status = _remove_shared(store, scan, plan.victims, args, now)
+    if not plan.fits:
+        fmt.console().print("note: still over the budget: checkpoints younger than --grace were kept")
+    return status
+
+
+def _shared_rm(args: argparse.Namespace, store: ObjectStore) -> int:
+    if args.all == bool(args.checkpoint_ids):
+        raise KVCommandError("give checkpoint ids or --all (not both)")
+    scan = _scan_shared(store)
+    if args.all:
+        victims = _all_entries(scan.inventories, args.model)
+    else:
+        resolved = (_resolve(scan.inventories, p, args.model) for p in args.checkpoint_ids)
+        victims = list({(v.inventory.directory, v.entry.checkpoint_id): v for v in resolved}.values())
+    return _remove_shared(store, scan, victims, args, time.time())
+
+
+def _remove_shared(
+    store: ObjectStore, scan: SharedScan, victims: Sequence[Victim], args: argparse.Namespace, now: float
+) -> int:
+    from kvserve.kvstore.shared.sweep import remove_shared
+
+    if _print_victims(victims, dry_run=getattr(args, "dry_run", False)):
+        return 0
+    removal = remove_shared(store, scan, victims, now, args.grace)
+    fmt.console().print(
+        f"removed {removal.num_checkpoints} checkpoints and {removal.num_chunks} chunks, freed "
+        f"{fmt.size(removal.num_bytes)}; {removal.num_young_kept} unused chunks younger than --grace kept",
+        highlight=False,
+    )
+    return 0
+
+
+def _shared_verify(args: argparse.Namespace, store: ObjectStore) -> int:
+    from kvserve.kvstore.shared.inventory import chunk_reader, object_key
+    from kvserve.kvstore.shared.sweep import fix_shared
+    from kvserve.kvstore.verify import verify
+
+    scan = _scan_shared(store)
+    read = chunk_reader(store)
+    reports = [verify(inventory, read) for inventory in scan.inventories]
+    console = fmt.console()
+    problems = _print_reports(
+        f"shared KV tier {store.url}", list(zip(scan.inventories, reports, strict=True))
+    )
+    if not problems:
+        return 0
+    table = Table("problem", "object", "why")
+    for problem in problems:
+        table.add_row(problem.kind, escape(object_key(store, problem.path)), escape(problem.why))
+    console.print(table)
+    if not args.fix:
+        console.print(
+            f"{len(problems)} problems (an orphan younger than a write takes may be one in progress); "
+            "run `kvserve kv verify --fix` to remove them"
+        )
+        return 1
+    deleted, kept = fix_shared(store, scan, reports, time.time(), args.grace)
+    console.print(
+        f"fixed: removed {deleted} bad objects; kept {kept} (younger than --grace, or another version's)"
+    )
+    return 0

@@ -10,6 +10,10 @@
   frontiers), `evict` (a released sequence whose blocks are being reused), `shutdown`, and
   the explicit saves a request's CheckpointHint asks for (kvserve's agent): `agent_system`
   (system prompt + tools, once prefilled) and `agent_session` (prompt + reply, at its finish).
+- With a shared tier (kvstore/shared, `--kv-shared-dir` / `--kv-s3-url`): what the local store
+  stores is published to it, a lookup that the local store misses is tried there (its chunks are
+  read straight into pool blocks), and every finished turn is saved, so a session's next turn finds
+  its prefix on whichever replica it lands.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -36,6 +40,8 @@ from kvserve.engine.request import Request
 from kvserve.kvstore.checkpoint import ChunkRun, SaveReason, SaveResult, StoreIdentity
 from kvserve.kvstore.checkpoint_store import CheckpointStore
 from kvserve.kvstore.save_policy import SavePolicy, cold_cut, continued_frontier, system_cut
+from kvserve.kvstore.shared.open_store import open_object_store
+from kvserve.kvstore.shared.tier import SharedTier
 from kvserve.kvstore.writer import CheckpointWriter
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
 
@@ -51,6 +57,8 @@ class DiskTierStats:
     num_checkpoints: int
     num_bytes: int
     num_evictions: int
+    num_shared_hits: int = 0  # requests that loaded KV from the shared tier
+    num_shared_hit_tokens: int = 0
 
 
 class _DiskHit(NamedTuple):
@@ -59,6 +67,7 @@ class _DiskHit(NamedTuple):
     ram_blocks: list[Block]  # the RAM prefix hit the loaded blocks extend
     block_hashes: list[BlockHash]  # its full blocks before its last token (always computed)
     run: ChunkRun  # the stored chunks covering the prefix, past the RAM hit
+    source: Literal["disk", "shared"] = "disk"  # the local store or the shared tier
 
 
 @dataclass(slots=True)
@@ -76,11 +85,17 @@ class DiskTier:
     can_load = True
 
     def __init__(
-        self, config: KVStoreConfig, identity: StoreIdentity, text_of: Callable[[Sequence[int]], str]
+        self,
+        config: KVStoreConfig,
+        identity: StoreIdentity,
+        text_of: Callable[[Sequence[int]], str],
+        shared: SharedTier | None = None,
     ) -> None:
         """Opens (and repairs) the cache directory; raises OSError if it is unusable. The engine
-        binds it to its KV cache (bind) before the first step."""
+        binds it to its KV cache (bind) before the first step. `shared`: the replicas' shared tier."""
         self.config = config
+        self.shared = shared
+        self.save_turns = shared is not None and config.shared is not None and config.shared.save_turns
         self.store = CheckpointStore(
             Path(config.directory).expanduser(),
             identity,
@@ -108,6 +123,7 @@ class DiskTier:
         # agent session id -> (its latest agent_session checkpoint, that checkpoint's last block hash)
         self._sessions: dict[str, tuple[str, int, BlockHash]] = {}
         self._num_hits = self._num_hit_tokens = self._num_saves = self._num_saved_bytes = 0
+        self._num_shared_hits = self._num_shared_hit_tokens = 0
         self._closed = False
         self._final_stats: DiskTierStats | None = None
         stats = self.store.stats()
@@ -150,10 +166,24 @@ class DiskTier:
         hashes = self.kv.block_hashes(request)[:max_blocks]
         run = self.store.lookup_by_block_hashes(hashes) if len(ram.blocks) < max_blocks else None
         n_ram = ram.num_computed_tokens
+        shared_run = self._lookup_shared(hashes, max(n_ram, run.num_tokens if run else 0))
+        if shared_run is not None:
+            return _DiskHit(ram.blocks, hashes, shared_run, "shared")
         if run is None or run.num_tokens <= n_ram:
             self._log_source(request, n_ram, 0, run)
             return None
         return _DiskHit(ram.blocks, hashes, run)
+
+    def _lookup_shared(self, hashes: list[BlockHash], num_found: int) -> ChunkRun | None:
+        """The shared tier's run when it goes past the `num_found` tokens RAM and the local store
+        hold. It refreshes its index first when it does not cover the whole prompt, unless what is
+        missing is shorter than a checkpoint could be (not worth a listing)."""
+        max_tokens = len(hashes) * self.block_size
+        if self.shared is None or num_found >= max_tokens:
+            return None
+        want = max_tokens if max_tokens - num_found >= self.policy.min_tokens else 0
+        run = self.shared.lookup_by_block_hashes(hashes, want_tokens=want)
+        return run if run is not None and run.num_tokens > num_found else None
 
     def load(self, request: Request) -> int:
         """Read the chunks lookup() found into pool blocks registered as cached; returns the tokens
@@ -170,7 +200,7 @@ class DiskTier:
             return 0
 
     def _load(self, request: Request, hit: _DiskHit, record: _DiskRequest) -> int:
-        ram_blocks, hashes, run = hit
+        ram_blocks, hashes, run, _source = hit
         n_ram = len(ram_blocks) * self.block_size
         started = time.monotonic()
         spans = tuple(span for span in run.chunks if span.end > n_ram)
@@ -186,7 +216,8 @@ class DiskTier:
             )
             return 0
         try:
-            loaded = self.store.load_run(ChunkRun(spans, run.checkpoint_ids))
+            source = self.shared if hit.source == "shared" and self.shared is not None else self.store
+            loaded = source.load_run(ChunkRun(spans, run.checkpoint_ids))
         except (OSError, sqlite3.Error) as error:  # unreadable: prefill instead
             logger.warning("disk KV cache: load failed: %s", error)
             loaded = None
@@ -196,10 +227,15 @@ class DiskTier:
             self._log_source(request, n_ram, 0, None)
             return 0
         self.runner.copy_blocks_in([b.block_id for b in blocks], [layer[:, offset:] for layer in loaded.kv])
-        self._num_hits += 1
-        self._num_hit_tokens += run.num_tokens - n_ram
+        if hit.source == "shared":
+            self._num_shared_hits += 1
+            self._num_shared_hit_tokens += run.num_tokens - n_ram
+        else:
+            self._num_hits += 1
+            self._num_hit_tokens += run.num_tokens - n_ram
         record.last_frontier = run.num_tokens
-        self._log_source(request, n_ram, run.num_tokens - n_ram, run, time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        self._log_source(request, n_ram, run.num_tokens - n_ram, run, elapsed, hit.source)
         return run.num_tokens - n_ram
 
     def preload(self, max_fraction: float) -> int:
@@ -270,7 +306,13 @@ class DiskTier:
                 self.kv.pool.uncache(block)
 
     def _log_source(
-        self, request: Request, n_ram: int, n_disk: int, run: ChunkRun | None, load_s: float = 0.0
+        self,
+        request: Request,
+        n_ram: int,
+        n_disk: int,
+        run: ChunkRun | None,
+        load_s: float = 0.0,
+        source: str = "disk",
     ) -> None:
         n = request.num_prompt_tokens
         if self.on_source is not None:
@@ -280,8 +322,9 @@ class DiskTier:
             self.on_source(request.request_id, n_ram, n_disk, checkpoint_id)
         if n_disk:
             logger.info(
-                "request %s: %d prompt tokens: %d from RAM, %d from disk checkpoint %s (%.0f ms), %d to prefill",
-                request.request_id, n, n_ram, n_disk, run.checkpoint_ids[0][:12] if run and run.checkpoint_ids else "?",
+                "request %s: %d prompt tokens: %d from RAM, %d from %s checkpoint %s (%.0f ms), %d to prefill",
+                request.request_id, n, n_ram, n_disk, "shared" if source == "shared" else "disk",
+                run.checkpoint_ids[0][:12] if run and run.checkpoint_ids else "?",
                 load_s * 1000, n - n_ram - n_disk,
             )  # fmt: skip
         elif n_ram:
@@ -305,9 +348,13 @@ class DiskTier:
             return None
         checkpoint = self.store.lookup_by_text_prefix(text)
         token_ids = None if checkpoint is None else self.store.token_ids(checkpoint)
-        if checkpoint is None or token_ids is None:
-            return None
-        return token_ids, checkpoint.meta.text.num_bytes
+        local = (
+            None if checkpoint is None or token_ids is None else (token_ids, checkpoint.meta.text.num_bytes)
+        )
+        shared = None if self.shared is None else self.shared.text_prefix(text)
+        if shared is not None and (local is None or shared[1] > local[1]):
+            return shared
+        return local
 
     # -- save triggers ----------------------------------------------------------------
 
@@ -330,6 +377,8 @@ class DiskTier:
             if request.is_finished:
                 if hint is not None and hint.save_session:  # (an aborted request is never scheduled)
                     self._save_session(request, hint.session_id)
+                elif self.save_turns:
+                    self._save_turn(request)
                 continue
             frontier = continued_frontier(request.num_computed_tokens, record.last_frontier, self.policy)
             if frontier is not None:
@@ -378,6 +427,14 @@ class DiskTier:
         )  # fmt: skip
         self._save_request(request, num_tokens, "agent_session", session_id=session_id)
 
+    def _save_turn(self, request: Request) -> None:
+        """A finished turn (prompt + reply) for the shared tier: the session's next turn starts with
+        it, and may be sent to another replica. An `agent_session` checkpoint without a session id
+        (nothing is superseded by name; eviction takes the earlier turns first, as it does for the
+        agent's); the chunks earlier turns stored are not written again."""
+        num_tokens = request.num_computed_tokens - request.num_computed_tokens % self.block_size
+        self._save_request(request, num_tokens, "agent_session")
+
     def _save_request(
         self,
         request: Request,
@@ -411,6 +468,8 @@ class DiskTier:
         try:
             meta = new_meta(self.store, self.text_of, token_ids, reason, images)
             if self.store.get(meta.checkpoint_id) is not None:
+                if self.shared is not None:  # stored before the shared tier was (or could be) told
+                    self.shared.publish(self.store, meta.checkpoint_id)
                 return 0
             block_ids = resolve_block_ids(self.kv, hashes, self._evicted)
             if block_ids is None:
@@ -458,10 +517,12 @@ class DiskTier:
             self._save(sequence, "evict")
         self._evicted.clear()
 
-    def _on_saved(self, result: SaveResult) -> None:  # writer thread: plain counter updates
+    def _on_saved(self, result: SaveResult) -> None:  # writer thread: counters, and a queued publish
         if result.status == "stored":
             self._num_saves += 1
             self._num_saved_bytes += result.num_new_bytes
+            if self.shared is not None:
+                self.shared.publish(self.store, result.checkpoint_id)
 
     # -- shutdown and stats -----------------------------------------------------------
 
@@ -475,6 +536,8 @@ class DiskTier:
         for sequence in self.recent.newest_first():
             self._save(sequence, "shutdown", block=True)
         self.writer.close()
+        if self.shared is not None:
+            self.shared.close()  # publishes what the writer just stored
         self._final_stats = self.stats()
         self._closed = True
         self.store.close()
@@ -492,6 +555,8 @@ class DiskTier:
             store.num_checkpoints,
             store.total_bytes,
             store.num_evictions,
+            self._num_shared_hits,
+            self._num_shared_hit_tokens,
         )
 
 
@@ -510,11 +575,36 @@ def open_kv_tier(config: EngineConfig, loaded: LoadedModel, cache_key: str) -> K
         head_dim,
         config.cache.block_size,
     )
+    shared = None if store_config.shared is None else open_shared_tier(store_config, identity)
     try:
-        return DiskTier(store_config, identity, partial(text_of, loaded.tokenizer))
+        return DiskTier(store_config, identity, partial(text_of, loaded.tokenizer), shared)
     except (OSError, ValueError, AssertionError) as error:  # unusable dir: serve without the tier
         logger.warning("disk KV cache disabled: cannot use %s: %s", store_config.directory, error)
+        if shared is not None:  # it sits below the disk tier: without one it is not used
+            shared.close()
         return NullKVTier()
+
+
+def open_shared_tier(config: KVStoreConfig, identity: StoreIdentity) -> SharedTier | None:
+    """The replicas' shared tier, or None (with a warning naming why) when it cannot be reached:
+    the server then serves with its own disk tier, as it does when that one is unusable."""
+    shared = config.shared
+    assert shared is not None
+    try:
+        store = open_object_store(shared.location, shared.endpoint_url)
+        tier = SharedTier(
+            store,
+            identity,
+            chunk_tokens=config.chunk_tokens,
+            refresh_s=shared.refresh_s,
+            miss_refresh_s=shared.miss_refresh_s,
+        )
+    except (OSError, ValueError) as error:
+        logger.warning("shared KV tier disabled: cannot use %s: %s", shared.location, error)
+        return None
+    where = store.url + (f" (endpoint {shared.endpoint_url})" if shared.endpoint_url else "")
+    logger.info("shared KV tier %s: %d checkpoints of this model", where, len(tier.index))
+    return tier
 
 
 def text_of(tokenizer: TokenizerInfo, token_ids: Sequence[int]) -> str:

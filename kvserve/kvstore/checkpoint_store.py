@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from kvserve.kvstore.atomic_file import ensure_private_dir
 from kvserve.kvstore.cache_dir import CacheDirBusyError, DirLock
@@ -47,13 +48,19 @@ from kvserve.kvstore.eviction import (
     score_entries,
 )
 from kvserve.kvstore.layout import has_flat_layout, migrate_flat_layout, model_dir, other_models_bytes
-from kvserve.kvstore.manifest import encode_manifest
+from kvserve.kvstore.manifest import Manifest, encode_manifest
 from kvserve.kvstore.names import is_checkpoint_id
 from kvserve.kvstore.text_prefix import longest_text_prefix
 
-__all__ = ["CheckpointStore", "ChunkProvider", "ChunkUnavailableError"]
+__all__ = ["CheckpointStore", "ChunkProvider", "ChunkUnavailableError", "ExportedCheckpoint"]
 
 logger = logging.getLogger(__name__)
+
+
+class ExportedCheckpoint(NamedTuple):
+    manifest: Manifest
+    manifest_bytes: bytes
+    chunk_paths: dict[str, Path]  # chunk key -> its file
 
 
 class CheckpointStore:
@@ -285,6 +292,19 @@ class CheckpointStore:
         with self._lock:
             manifest = self._files.read_manifest(checkpoint_id)
             return None if manifest is None else manifest.token_ids
+
+    def export(self, checkpoint_id: str) -> ExportedCheckpoint | None:
+        """A checkpoint's manifest (bytes and decoded) and the paths of its chunk files, for the
+        shared tier to publish; None if it is gone or its manifest is bad. The chunk files are read
+        by the caller, outside the lock: they are immutable, and a missing one (evicted meanwhile)
+        is the caller's FileNotFoundError."""
+        with self._lock:
+            manifest = self._files.read_manifest(checkpoint_id)
+            if manifest is None:
+                return None
+            data = encode_manifest(manifest.meta, manifest.token_ids, manifest.chunks)
+            paths = {span.key: self._files.chunks.path(span.key) for span in manifest.chunks}
+            return ExportedCheckpoint(manifest, data, paths)
 
     def load(self, checkpoint: Checkpoint | str) -> LoadedKV | None:
         """Read and verify a checkpoint's tokens and KV; None if it is gone or was corrupt

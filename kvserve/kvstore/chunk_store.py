@@ -6,7 +6,7 @@ business (chunk reference counts), not this class's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,30 @@ if TYPE_CHECKING:
     import torch
 
 SUFFIX = ".kvc"
+
+# Reads and verifies one chunk: its token ids and per-layer KV (a local file, or a shared object).
+ChunkReader = Callable[[ChunkSpan], tuple[list[int], list["torch.Tensor"]]]
+
+
+def read_run(spans: Sequence[ChunkSpan], identity: StoreIdentity, read: ChunkReader) -> LoadedKV:
+    """Consecutive chunks read by `read`, joined into one KV per layer; raises CorruptChunkError
+    naming the first bad chunk (its `key` attribute)."""
+    token_ids: list[int] = []
+    layers: list[list[torch.Tensor]] = [[] for _ in range(identity.num_layers)]
+    for span in spans:
+        try:
+            chunk_tokens, chunk_layers = read(span)
+        except CorruptChunkError as error:
+            error.key = span.key
+            raise
+        token_ids += chunk_tokens
+        for parts, tensor in zip(layers, chunk_layers, strict=True):
+            parts.append(tensor)
+    import torch
+
+    # [2, num_tokens, num_kv_heads, head_dim] per layer, owning its memory
+    kv = [parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=1) for parts in layers]
+    return LoadedKV(tuple(token_ids), kv)
 
 
 class ChunkStore:
@@ -64,22 +88,7 @@ class ChunkStore:
     def read_run(self, spans: Sequence[ChunkSpan]) -> LoadedKV:
         """Read consecutive chunks into one KV per layer; raises CorruptChunkError naming the
         first bad chunk (its `key` attribute)."""
-        token_ids: list[int] = []
-        layers: list[list[torch.Tensor]] = [[] for _ in range(self.identity.num_layers)]
-        for span in spans:
-            try:
-                chunk_tokens, chunk_layers = self.read(span)
-            except CorruptChunkError as error:
-                error.key = span.key
-                raise
-            token_ids += chunk_tokens
-            for parts, tensor in zip(layers, chunk_layers, strict=True):
-                parts.append(tensor)
-        import torch
-
-        # [2, num_tokens, num_kv_heads, head_dim] per layer, owning its memory
-        kv = [parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=1) for parts in layers]
-        return LoadedKV(tuple(token_ids), kv)
+        return read_run(spans, self.identity, self.read)
 
     def check(self, span: ChunkSpan) -> int:
         """Cheap check (header and size, no payload hash) used when rebuilding the index;

@@ -31,7 +31,7 @@ def check_free_space(directory: Path, num_bytes: int) -> None:
 
 
 class DiskErrorLog:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path | str) -> None:
         self.directory = directory
         self.num_failures = 0  # in total, for stats
         self._num_in_run = 0

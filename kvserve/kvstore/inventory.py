@@ -173,7 +173,7 @@ def scan(directory: Path) -> Inventory:
     users: Counter[str] = Counter()
     for manifest, _ in manifests:
         users.update({span.key for span in manifest.chunks})
-    entries = tuple(_entry(manifest, size, chunk_sizes, users) for manifest, size in manifests)
+    entries = tuple(entry_of(manifest, size, chunk_sizes, users) for manifest, size in manifests)
     return Inventory(
         directory,
         entries,
@@ -197,9 +197,10 @@ def scan_all(root: Path) -> tuple[Inventory, ...]:
     return tuple(inventories)
 
 
-def _entry(
+def entry_of(
     manifest: Manifest, manifest_bytes: int, chunk_sizes: Mapping[str, int], users: Counter[str]
 ) -> InventoryEntry:
+    """An inventory entry of a manifest, given every chunk's size and user count (local or shared)."""
     keys = {span.key for span in manifest.chunks}
     chunk_bytes = sum(chunk_sizes.get(key, 0) for key in keys)
     own = sum(chunk_sizes.get(key, 0) for key in keys if users[key] == 1)

@@ -12,7 +12,7 @@ read and hash-verified against the manifests that use it, leftovers found.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,6 +27,11 @@ from kvserve.kvstore.manifest_store import ManifestStore
 from kvserve.kvstore.recovery import rebuild_index
 
 ProblemKind = Literal["corrupt", "incompatible", "orphan"]
+
+# Reads and fully verifies one chunk of a model, returning its token ids; raises CorruptChunkError
+# (a missing chunk: the message "missing") or OSError. Local files by default; the shared tier's
+# objects for `kvserve kv verify --kv-s3-url`.
+ReadChunkTokens = Callable[[StoreIdentity, ChunkSpan], list[int]]
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,9 @@ class VerifyReport:
         return not self.problems
 
 
-def verify(inventory: Inventory) -> VerifyReport:
+def verify(inventory: Inventory, read_tokens: ReadChunkTokens | None = None) -> VerifyReport:
     """Check everything; reads every chunk in full (slow on a big cache, by design)."""
+    read = read_tokens or _file_reader(inventory)
     identity = inventory.current_identity()
     problems = [
         Problem(
@@ -62,7 +68,7 @@ def verify(inventory: Inventory) -> VerifyReport:
     chunk_errors: dict[ChunkSpan, str | None] = {}  # each distinct chunk is read once
     num_ok = 0
     for entry in inventory.entries:
-        problem = _check_entry(inventory, entry, identity, chunk_errors)
+        problem = _check_entry(inventory, entry, identity, chunk_errors, read)
         if problem is None:
             num_ok += 1
         else:
@@ -89,6 +95,7 @@ def _check_entry(
     entry: InventoryEntry,
     identity: StoreIdentity | None,
     chunk_errors: dict[ChunkSpan, str | None],
+    read: ReadChunkTokens,
 ) -> Problem | None:
     meta = entry.checkpoint.meta
     path = inventory.manifest_path(entry.checkpoint_id)
@@ -96,10 +103,9 @@ def _check_entry(
         return Problem(
             "incompatible", path, f"written for model {meta.identity.fingerprint} ({meta.identity.dtype})"
         )
-    chunks = ChunkStore(inventory.directory / "chunks", meta.identity)
     for span in entry.checkpoint.chunks:
         if span not in chunk_errors:
-            chunk_errors[span] = _chunk_error(chunks, span, entry.token_ids)
+            chunk_errors[span] = _chunk_error(read, meta.identity, span, entry.token_ids)
         if span.key not in inventory.chunk_sizes:
             return Problem("corrupt", path, f"its chunk {span.key} is missing")
         if chunk_errors[span] is not None:
@@ -107,12 +113,23 @@ def _check_entry(
     return None
 
 
-def _chunk_error(chunks: ChunkStore, span: ChunkSpan, token_ids: Sequence[int]) -> str | None:
-    if not chunks.path(span.key).exists():
-        return "missing"  # reported on the manifests using it: there is no file to blame
+def _file_reader(inventory: Inventory) -> ReadChunkTokens:
+    def read(identity: StoreIdentity, span: ChunkSpan) -> list[int]:
+        chunks = ChunkStore(inventory.directory / "chunks", identity)
+        if not chunks.path(span.key).exists():
+            raise CorruptChunkError("missing")
+        return chunks.read(span)[0]
+
+    return read
+
+
+def _chunk_error(
+    read: ReadChunkTokens, identity: StoreIdentity, span: ChunkSpan, token_ids: Sequence[int]
+) -> str | None:
     try:
-        chunk_tokens, _ = chunks.read(span)
+        chunk_tokens = read(identity, span)
     except CorruptChunkError as error:
+        # "missing" is reported on the manifests using it: there is no file to blame
         return str(error)
     except OSError as error:
         return f"unreadable: {error}"

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # annotations only: tokenizer-only callers (benchmark clients
     import torch
 
     from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig
+    from kvserve.models.vision.qwen2_vl_processor import Qwen2VLProcessorConfig
 
 
 class CausalLM(Protocol):
@@ -68,4 +69,4 @@ class LoadedModel:
     file_weight_quant: str | None = None
     # The image processor the model file brings (an mmproj's clip.vision.* keys); None: the model
     # folder's preprocessor files say (image_prompt.py).
-    image_processor: Idefics3ProcessorConfig | None = None
+    image_processor: Idefics3ProcessorConfig | Qwen2VLProcessorConfig | None = None

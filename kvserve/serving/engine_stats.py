@@ -18,6 +18,8 @@ class DiskCacheStats:
     num_checkpoints: int
     num_bytes: int
     num_evictions: int
+    num_shared_hits: int = 0  # requests that loaded a prefix from the tier shared by replicas
+    num_shared_hit_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -179,11 +179,15 @@ class PagedDriver:
         self.seqs: dict[int, _Seq] = {}
 
     def step(
-        self, chunks: list[tuple[int, list[int]]], inputs_embeds: torch.Tensor | None = None
+        self,
+        chunks: list[tuple[int, list[int]]],
+        inputs_embeds: torch.Tensor | None = None,
+        positions3: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """chunks: (seq_id, new token ids), decodes (one token, non-empty cache) first; inputs_embeds
-        [num_tokens, hidden], where given, replaces the ids' embeddings (image rows merged in).
-        Returns float32 logits [num_tokens, vocab] for every new token, in batch order."""
+        [num_tokens, hidden], where given, replaces the ids' embeddings (image rows merged in);
+        positions3 [3, num_tokens], where given, are M-RoPE's (t, h, w) positions in place of the
+        indexes. Returns float32 logits [num_tokens, vocab] for every new token, in batch order."""
         input_ids, positions, slots, starts = [], [], [], [0]
         seq_lens, context_lens, tables = [], [], []
         num_decodes = 0
@@ -218,6 +222,8 @@ class PagedDriver:
         )
         with torch.no_grad(), forward_context(metadata):
             ids, pos = torch.tensor(input_ids, device=device), torch.tensor(positions, device=device)
+            if positions3 is not None:
+                pos = positions3.to(device)
             hidden = self.model(ids, pos) if inputs_embeds is None else self.model(ids, pos, inputs_embeds)
             return self.model.compute_logits(hidden).cpu()
 

@@ -25,9 +25,10 @@ from kvserve.engine.cache_key import cache_key
 from kvserve.models.errors import CorruptModelFileError, ModelLoadError, UnsupportedModelError
 from kvserve.models.loaded import LoadedModel
 from kvserve.models.loader import load_model
-from kvserve.models.loader.gguf_export import GGUFPair, write_gguf_pair, write_mmproj
+from kvserve.models.loader.gguf_export import GGUFPair, write_gguf_pair
 from kvserve.models.loader.gguf_reader import read_gguf
 from kvserve.models.loader.mmproj import find_mmproj
+from kvserve.models.loader.mmproj_export import write_mmproj
 from kvserve.models.loader.safetensors import iter_safetensors
 from kvserve.models.vision.idefics3_processor import process_image
 from kvserve.models.vision.image_prompt import ImagePromptSpec, image_prompt_spec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kvserve.models.layers.quant import WeightOnlyLinear, quantize_int4
 
@@ -98,18 +99,29 @@ def test_bf16_prefill_gate_up_keeps_its_bf16_output_for_down_proj() -> None:
     assert mlp.down_proj(x[:3, :48].repeat(1, 2)).dtype == torch.float32  # decode rows: fp32 kernel
 
 
+@pytest.mark.parametrize("way", ["this-cpu", "blocks", "blocks-packed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_dense_rows_do_not_depend_on_how_many_come_together(dtype: torch.dtype) -> None:
+def test_dense_rows_do_not_depend_on_how_many_come_together(dtype: torch.dtype, way: str) -> None:
     """A prompt's few-token tail (after a prefix hit) must get the bits the same tokens get inside a
-    larger batch: torch's fp32 GEMM takes another kernel below 16 rows (rows 1 and 3 of a 1536 x 576
-    product differed), which int4 decode's int8 activations turned into other greedy tokens."""
-    from kvserve.models.layers.quant import _dense_rows
+    larger batch, and a row must not depend on the rows beside it: the CPU GEMMs pick their kernel by
+    row count (AVX2 fp32: rows 1-3 of a 1536 x 576 product differed; AMX bf16: 3 rows and up, fp32
+    57 and up at 2 threads, whatever the padding), which int4 decode's int8 activations turned into
+    other greedy tokens. This CPU's way (`row_block()`) and fixed blocks, which hold on every CPU."""
+    from kvserve.models.layers.quant import ROW_BLOCK, _dense_rows, pack_dense_weight, row_block
 
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(1536, 576, generator=gen).to(dtype)
     bias = torch.randn(1536, generator=gen).to(dtype)
-    x = torch.randn(64, 576, generator=gen)
-    full = _dense_rows(x, weight, bias, x.dtype)
+    block = row_block() if way == "this-cpu" else ROW_BLOCK
+    pack = pack_dense_weight(weight) if way != "blocks" else None
+    if way == "blocks-packed" and pack is None:
+        pytest.skip("oneDNN packs no weight of this dtype on this CPU (bf16 on AVX-512 only)")
+    x = torch.randn(4 * ROW_BLOCK + 9, 576, generator=gen)
+    full = _dense_rows(x, weight, bias, x.dtype, pack, block)
     assert full.dtype == x.dtype
-    for rows in (1, 2, 3, 15, 16, 17, 40):
-        assert torch.equal(_dense_rows(x[:rows], weight, bias, x.dtype), full[:rows]), rows
+    for rows in (1, 2, 3, 15, 16, 17, 40, 57, 63, 64, 65, 100, 131, 200):
+        for start in (0, 5):
+            part = _dense_rows(x[start : start + rows], weight, bias, x.dtype, pack, block)
+            assert torch.equal(part, full[start : start + rows]), (rows, start)
+    # The same product as one F.linear, up to its rounding.
+    torch.testing.assert_close(full, F.linear(x.to(dtype), weight, bias).to(x.dtype), rtol=2e-2, atol=5e-2)

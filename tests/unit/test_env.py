@@ -19,6 +19,7 @@ DEFAULTS = EnvSwitches(
     gemv_full_k_max_mb=16.0,
     switch_interval_ms=0.0,
     kv_write_delay_ms=0.0,
+    is_dense_pack_enabled=True,
 )
 FLAGS = {
     "KVSERVE_FUSED_OPS": "is_fused_ops_enabled",
@@ -26,6 +27,7 @@ FLAGS = {
     "KVSERVE_CPU_PREFILL_ATTENTION": "is_cpu_prefill_attention_enabled",
     "KVSERVE_PDL": "is_pdl_enabled",
     "KVSERVE_GEMV_HEAD": "is_gemv_head_enabled",
+    "KVSERVE_DENSE_PACK": "is_dense_pack_enabled",
 }
 AMOUNTS = {
     "KVSERVE_GEMV_FULL_K_MB": "gemv_full_k_max_mb",

@@ -96,12 +96,14 @@ def test_metrics_expose_the_disk_tier() -> None:
     from kvserve.api.metrics import Metrics
     from kvserve.serving.engine_stats import DiskCacheStats, EngineStats
 
-    disk = DiskCacheStats(2, 5952, 3, 4096, 5, 8192, 1)
+    disk = DiskCacheStats(2, 5952, 3, 4096, 5, 8192, 1, 4, 2560)
     text = generate_latest(Metrics(lambda: EngineStats(1, 0, 0.5, 0.1, disk=disk)).registry).decode()
     for line in (
         "kvserve_kv_disk_hits 2.0",
         "kvserve_kv_disk_hit_tokens 5952.0",
         "kvserve_kv_disk_entries 5.0",
+        "kvserve_kv_shared_hits 4.0",
+        "kvserve_kv_shared_hit_tokens 2560.0",
     ):
         assert line in text
     assert "kvserve_kv_disk_bytes 8192.0" in text and "kvserve_kv_disk_evictions 1.0" in text

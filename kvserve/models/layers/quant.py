@@ -16,13 +16,15 @@ Q4 checkpoint round-trips up to rounding of its scales). int8: symmetric per out
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvserve.models.layers import lowbit_cpu
+from kvserve.env import switches
+from kvserve.models.layers import cpu_ext, lowbit_cpu
 from kvserve.models.layers.attention.metadata import step_computes_prompt
 
 WeightQuant = Literal["none", "int8", "int4"]
@@ -90,6 +92,7 @@ class WeightOnlyLinear(nn.Module):
             self.weight = weight.to(torch.bfloat16)
             self.dense_bias = None if bias is None else bias.to(torch.bfloat16)
             self.keep_prefill_dtype = keep_prefill_dtype
+        self.dense_packed = pack_dense_weight(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # A step that computes prompt tokens runs on the dense weights (or --int8-prefill's GEMM) at
@@ -102,7 +105,7 @@ class WeightOnlyLinear(nn.Module):
                 if out is not None:
                     return out
             out_dtype = self.weight.dtype if self.keep_prefill_dtype else self.out_dtype
-            return _dense_rows(x, self.weight, self.dense_bias, out_dtype)
+            return _dense_rows(x, self.weight, self.dense_bias, out_dtype, self.dense_packed)
         if self.bits is not None:
             return lowbit_cpu.lowbit_linear(
                 x, self.qweight, self.scales, self.bits, self.bias,
@@ -137,24 +140,69 @@ class WeightOnlyLinear(nn.Module):
         return f"{in_features} -> {out_features}, {self.scheme}, dense above {self.max_quant_rows} rows"
 
 
-# Fewer rows than this take another GEMM kernel in torch's CPU matmul (measured: fp32 rows 1 and 3
-# of a 1536 x 576 product differ in their last bits from the same rows of a 64-row one; 16+ agree).
-_MIN_GEMM_ROWS = 16
+# How prompt rows reach torch's CPU GEMMs so that a row's bits depend on nothing but the row (a
+# prompt's tail after a prefix-cache hit must get the KV the same tokens get inside a larger batch,
+# and a request's answer must not depend on what shares its step). The kernels oneDNN and MKL pick
+# depend on the row count (scripts/dense_rows_invariance.py, docs/numerics.md):
+# - AVX2: fp32 rows 1-3 of a 1536 x 576 product differ from the same rows of a larger one, 16 and
+#   more agree (1 and 2 threads): one call, padded with zero rows to at least MIN_GEMM_ROWS;
+# - AVX-512 (a Xeon with AMX, 2 threads): bf16 rows differ from 3 rows up and fp32 rows from 57 up,
+#   whatever the padding; only calls of one fixed size agree: ROW_BLOCK rows each, the last padded.
+MIN_GEMM_ROWS = 16
+ROW_BLOCK = 64  # small, so a short tail's padding stays cheap
+
+
+@functools.cache
+def row_block() -> int:
+    """This CPU's way: ROW_BLOCK-row calls (AVX-512), or 0 for one call padded to MIN_GEMM_ROWS."""
+    return ROW_BLOCK if "avx512f" in cpu_ext.cpu_flags() else 0
 
 
 def _dense_rows(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    packed: torch.Tensor | None = None,
+    block: int | None = None,
 ) -> torch.Tensor:
     """F.linear on the dense weights, output in `out_dtype`, each row's bits independent of how many
-    rows come with it:
-    a prompt's tail of a few tokens (after a prefix-cache hit) must give the KV the same tokens get
-    inside a larger batch, since int4 decode's int8 activations turn last-bit differences into
-    other tokens. Small batches are padded with zero rows to the GEMM's own kernel."""
+    rows come with it (`row_block()` says how; `block` overrides it, for tests). `packed`: the weight
+    in oneDNN's layout for ROW_BLOCK-row calls (`pack_dense_weight`), used with blocks."""
+    block = row_block() if block is None else block
+    x = x.to(weight.dtype)
     rows = x.shape[0]
-    if rows < _MIN_GEMM_ROWS:
-        x = torch.cat([x, x.new_zeros(_MIN_GEMM_ROWS - rows, x.shape[1])])
-    out = F.linear(x.to(weight.dtype), weight, bias).to(out_dtype)
-    return out[:rows] if rows < _MIN_GEMM_ROWS else out
+    target = -(-rows // block) * block if block else max(rows, MIN_GEMM_ROWS)
+    if target != rows:
+        x = torch.cat([x, x.new_zeros(target - rows, x.shape[1])])
+    if not block:
+        return F.linear(x, weight, bias)[:rows].to(out_dtype)
+    if packed is not None and block == ROW_BLOCK:
+        parts = [mkldnn_linear(part, packed, bias) for part in x.split(block)]
+    else:
+        parts = [F.linear(part, weight, bias) for part in x.split(block)]
+    return (torch.cat(parts) if len(parts) > 1 else parts[0])[:rows].to(out_dtype)
+
+
+def mkldnn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear on a weight that `pack_dense_weight` packed (torch.compile's CPU linear does the same)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def pack_dense_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """A bf16 weight [out, in] reordered once into oneDNN's layout for ROW_BLOCK-row calls, on a CPU
+    that takes fixed blocks (`row_block()`), or None: other dtypes, or no oneDNN bf16 packing here
+    (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT). Unpacked, every block call reorders the whole
+    weight: on the AMX host a 64-row call of a 1536 x 576 bf16 weight took 0.22 ms, twice the
+    0.11 ms per 64 rows of one 2048-row call. KVSERVE_DENSE_PACK=0 turns it off (A/B)."""
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not row_block():
+        return None
+    if not switches().is_dense_pack_enabled:
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, ROW_BLOCK)
+    except (RuntimeError, AttributeError):  # no bf16 packing on this CPU or torch build
+        return None
 
 
 def default_max_quant_rows(scheme: WeightQuant, dtype: torch.dtype) -> int:

@@ -1,4 +1,5 @@
-"""GGUF metadata → HF `config.json`-style dict, for the llama / qwen2 / qwen3 / gemma3 arches.
+"""GGUF metadata → HF `config.json`-style dict, for the llama / qwen2 / qwen3 / gemma3 arches (and
+`qwen2vl`, Qwen2.5-VL's decoder, whose text alone is a Qwen2: M-RoPE with t = h = w is RoPE).
 
 Key names follow transformers' `GGUF_CONFIG_MAPPING` (integrations/ggml.py); what GGUF does
 not store (Gemma 3's layer pattern, local RoPE base, attention scale) follows llama.cpp's
@@ -19,6 +20,7 @@ from kvserve.models.loader.gguf_reader import GGUFFile
 HF_MODEL_TYPES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen2vl": ("qwen2", "Qwen2ForCausalLM"),  # with its mmproj: Qwen2.5-VL (loader/mmproj_qwen2_5_vl.py)
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }

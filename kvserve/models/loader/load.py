@@ -29,9 +29,9 @@ from kvserve.models.loader.gguf_reader import GGUFFile
 from kvserve.models.loader.mmproj import (
     MMPROJ_AUTO,
     MMPROJ_NONE,
+    ImageProcessorConfig,
     Mmproj,
     find_mmproj,
-    idefics3_hf_config,
     iter_mmproj_tensors,
     read_mmproj,
 )
@@ -39,11 +39,8 @@ from kvserve.models.loader.paths import resolve_model_path
 from kvserve.models.loader.safetensors import WeightLoadError, iter_safetensors, load_state_dict_into
 from kvserve.models.loader.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
 from kvserve.models.rope_scaling import ContextPlan, ContextRequest, describe, plan_context
-from kvserve.models.vision.idefics3_processor import Idefics3ProcessorConfig
 
 logger = logging.getLogger(__name__)
-
-IMAGE_TOKEN = "<image>"  # Idefics3's placeholder, which the mmproj's rows replace
 
 
 def load_model(
@@ -61,7 +58,8 @@ def load_model(
     `context` (--ctx and the RoPE scaling flags) picks the context and the RoPE scaling the model is
     built with; `max_model_len` of the result is that context. `mmproj` (GGUF only): llama.cpp's
     vision projector file to load with the language model, "auto" for the one `mmproj*.gguf` beside
-    it, or None / "none"; the pair is then an Idefics3 model (`loader/mmproj.py`).
+    it, or None / "none"; the pair is then the vision family its projector type names (Idefics3 or
+    Qwen2.5-VL, `loader/mmproj.py`).
 
     Raises a `ModelLoadError` subclass, with a one-line message naming the file, for a missing
     path, a corrupt file or an architecture kvserve cannot run, and `ContextError` for a context
@@ -88,7 +86,7 @@ def load_model(
     tokenizer = load_gguf_tokenizer(path, gguf.metadata)
     mmproj_path = find_mmproj(path, mmproj)
     try:
-        projector = _read_mmproj(path, hf_config, tokenizer, mmproj_path)
+        projector = _read_mmproj(gguf, hf_config, tokenizer, mmproj_path)
     except UnsupportedModelError as error:
         if str(mmproj) != MMPROJ_AUTO:
             raise
@@ -106,33 +104,32 @@ def load_model(
 
 class _Projector(NamedTuple):
     mmproj: Mmproj
-    config: dict  # the pair's HF Idefics3 config
+    config: dict  # the pair's HF config (Idefics3's, Qwen2.5-VL's)
 
 
 def _read_mmproj(
-    path: Path, text_config: dict, tokenizer: TokenizerInfo, mmproj_path: Path | None
+    gguf: GGUFFile, text_config: dict, tokenizer: TokenizerInfo, mmproj_path: Path | None
 ) -> _Projector | None:
     if mmproj_path is None:
         return None
     mmproj = read_mmproj(mmproj_path, int(text_config["hidden_size"]))  # its projector type first
-    if text_config["model_type"] != "llama":  # Idefics3's decoder
+    projector = mmproj.format
+    if gguf.architecture != projector.language_architecture:
         raise UnsupportedModelError(
-            mmproj_path, f"an idefics3 projector goes with a llama language model, not {path.name}'s"
+            mmproj_path,
+            f"a {projector.projector_type} projector goes with a {projector.language_architecture} "
+            f"language model, not {gguf.path.name}'s {gguf.architecture}",
         )
-    processor = mmproj.processor
-    logger.info(
-        "vision projector %s: idefics3, %d-px tiles of %d tokens, images up to %d px",
-        mmproj_path.name,
-        processor.tile_size,
-        processor.image_seq_len,
-        processor.longest_edge,
-    )
-    image_token_id = tokenizer.tokenizer.get_vocab().get(IMAGE_TOKEN)
-    if image_token_id is None:
-        raise UnsupportedModelError(
-            path, f"no {IMAGE_TOKEN} token in its vocabulary for the images of {mmproj_path}"
-        )
-    return _Projector(mmproj, idefics3_hf_config(text_config, mmproj, image_token_id))
+    logger.info("vision projector %s: %s", mmproj_path.name, mmproj.header.summary)
+    vocab = tokenizer.tokenizer.get_vocab()
+    token_ids = {}
+    for key, token in projector.token_keys:
+        if token not in vocab:
+            raise UnsupportedModelError(
+                gguf.path, f"no {token} token in its vocabulary for the images of {mmproj_path}"
+            )
+        token_ids[key] = vocab[token]
+    return _Projector(mmproj, projector.hf_config(gguf, text_config, mmproj.header, token_ids))
 
 
 def _gguf_tensors(
@@ -162,7 +159,7 @@ def _loaded(
     tokenizer: TokenizerInfo,
     dtype: torch.dtype,
     file_quant: str | None = None,
-    image_processor: Idefics3ProcessorConfig | None = None,
+    image_processor: ImageProcessorConfig | None = None,
 ) -> LoadedModel:
     return LoadedModel(
         model=model,

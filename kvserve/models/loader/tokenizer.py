@@ -31,6 +31,10 @@ END_OF_TURN_TOKENS = (
     "<|end_of_text|>",
     "<end_of_utterance>",
 )
+# GGUF architectures transformers' GGUF reader has no config for, whose vocabulary is another
+# family's: the tokenizer class is named instead of read off a config (what AutoTokenizer picks
+# for that family's own files). Qwen2.5-VL's decoder file is `qwen2vl`.
+_TOKENIZER_TYPES = {"qwen2vl": "qwen2"}
 _GGUF_STOP_ID_KEYS = (
     "tokenizer.ggml.eos_token_id",
     "tokenizer.ggml.eot_token_id",
@@ -65,7 +69,8 @@ def load_gguf_tokenizer(
     """`metadata` is the file's parsed header (see gguf_reader.read_gguf)."""
     if "tokenizer.ggml.tokens" not in metadata:
         raise CorruptModelFileError(path, "no tokenizer in the GGUF metadata (tokenizer.ggml.tokens)")
-    tokenizer = _cached_gguf_tokenizer(path, cache_dir or DEFAULT_CACHE_DIR)
+    tokenizer_type = _TOKENIZER_TYPES.get(str(metadata.get("general.architecture")))
+    tokenizer = _cached_gguf_tokenizer(path, cache_dir or DEFAULT_CACHE_DIR, tokenizer_type)
     extra_stop_ids = [int(metadata[k]) for k in _GGUF_STOP_ID_KEYS if k in metadata]
     template = metadata.get("tokenizer.chat_template") or tokenizer.chat_template
     return _tokenizer_info(tokenizer, template, extra_stop_ids)
@@ -101,14 +106,15 @@ def _tokenizer_info(tokenizer: Any, chat_template: str | None, extra_stop_ids: l
     )
 
 
-def _cached_gguf_tokenizer(path: Path, cache_dir: Path) -> Any:
+def _cached_gguf_tokenizer(path: Path, cache_dir: Path, tokenizer_type: str | None = None) -> Any:
     entry = cache_dir / _cache_key(path)
     if (entry / "tokenizer.json").is_file():
         return _from_pretrained(entry)
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        named = {"tokenizer_type": tokenizer_type} if tokenizer_type else {}
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, **named)
     except (OSError, ValueError, KeyError) as error:
         raise CorruptModelFileError(
             path, f"cannot convert the GGUF tokenizer ({_first_line(error)})"

@@ -21,6 +21,7 @@ from kvserve.models.vision.prompt_image import (
     PromptImage,
     image_token_bounds,
 )
+from kvserve.models.vision.qwen2_vl_processor import Qwen2VLProcessorConfig
 from kvserve.models.vision.qwen2_vl_prompt import QwenVLPromptSpec
 
 __all__ = [
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 def image_prompt_spec(
     vision: VisionArchConfig | Qwen2_5VisionConfig | None,
     path: Path,
-    processor: Idefics3ProcessorConfig | None = None,
+    processor: Idefics3ProcessorConfig | Qwen2VLProcessorConfig | None = None,
 ) -> ImagePromptSpec | None:
     """The spec of a model loaded from `path` (an HF folder; a file's folder), of the family its
     vision config names, with the image `processor` its file brings (an mmproj's), else its
@@ -48,8 +49,10 @@ def image_prompt_spec(
     folder = path if path.is_dir() else path.parent
     try:
         if isinstance(vision, Qwen2_5VisionConfig):
+            if isinstance(processor, Qwen2VLProcessorConfig):
+                return QwenVLPromptSpec.from_processor(vision, processor)
             return QwenVLPromptSpec.for_model(vision, folder)
-        if processor is not None and vision is not None:
+        if isinstance(processor, Idefics3ProcessorConfig) and vision is not None:
             return Idefics3PromptSpec.from_processor(vision, processor)
         return Idefics3PromptSpec.for_model(vision, folder)
     except ValueError as error:

@@ -36,9 +36,13 @@ class QwenVLPromptSpec:
 
     @staticmethod
     def for_model(vision: Qwen2_5VisionConfig, folder: Path) -> QwenVLPromptSpec:
-        """The spec of a model with `vision` loaded from `folder`; the processor's patches must be
+        """The spec of a model with `vision` loaded from `folder` (its processor files)."""
+        return QwenVLPromptSpec.from_processor(vision, Qwen2VLProcessorConfig.from_folder(folder))
+
+    @staticmethod
+    def from_processor(vision: Qwen2_5VisionConfig, processor: Qwen2VLProcessorConfig) -> QwenVLPromptSpec:
+        """The spec of a tower fed by `processor` (a folder's, an mmproj's), whose patches must be
         the tower's (ValueError otherwise)."""
-        processor = Qwen2VLProcessorConfig.from_folder(folder)
         ours = (processor.patch_size, processor.temporal_patch_size, processor.merge_size)
         tower = (vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size)
         if ours != tower or vision.in_channels != 3:
