@@ -14,8 +14,7 @@ Each round is one server life on the same --kv-cache-dir (the default model, Smo
    their first turns load stored chunks themselves.
 4. One or two turns of multi-turn conversations, each turn asking for an `agent_session`
    checkpoint (prompt + reply) as `kvserve agent` does; a conversation's first turn also writes a
-   `cold` one. A small RAM pool makes finished conversations' blocks get reused (`evict` saves), a
-   small disk budget makes every save evict older checkpoints. The first turn of a conversation
+   `cold` one. A small disk budget makes every save evict older checkpoints. The first turn of a conversation
    served from stored KV after a restart must answer (greedy) exactly as a server without the disk
    tier does.
 5. `kill -9`, either mid-request or in the window after a response where its checkpoint is written
@@ -56,9 +55,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 # Dense decode (--weight-quant none): no int4 copy of the weights to make at each of the hundred
-# starts (~30 s of CPU each); the cold reference uses the same flags. Small pools on purpose:
-# ~4,300 tokens of RAM KV (finished conversations' blocks are reused, which writes `evict`
-# checkpoints) and a disk budget of a few checkpoints (each save evicts).
+# starts (~30 s of CPU each); the cold reference uses the same flags. A disk budget of a few
+# checkpoints, so each save evicts. (The small RAM pool, ~4,300 tokens, would make reused blocks
+# write `evict` checkpoints in longer lives; one or two turns a life seldom fill it.)
 SERVE_ARGS = [
     *("--ctx", "2048", "--weight-quant", "none", "--max-num-seqs", "4"),
     *("--kv-cache-memory-mb", "96", "--kv-cache-budget-mb", "40"),
