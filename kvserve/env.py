@@ -39,6 +39,10 @@ class EnvSwitches:
     # KVSERVE_SWITCH_INTERVAL_MS: the GIL's switch interval in `kvserve serve`; 0 keeps Python's 5 ms,
     # which beat 1 ms on the H200 at 256 streams (scripts/serve_e2e_bench.py).
     switch_interval_ms: float
+    # KVSERVE_KV_WRITE_DELAY_MS: a pause at each step of a disk-tier checkpoint write or delete
+    # (after each chunk file, before the manifest, between a manifest's and its chunks' removal), so
+    # the crash harness's kill -9 lands inside those windows more often (scripts/crash_harness.py).
+    kv_write_delay_ms: float
     # KVSERVE_DENSE_PACK: prompt GEMMs on bf16 weights packed once for oneDNN (models/layers/quant.py).
     is_dense_pack_enabled: bool
 
@@ -54,6 +58,7 @@ def read_switches(environ: Mapping[str, str]) -> EnvSwitches:
         is_gemv_head_enabled=_flag(environ, "KVSERVE_GEMV_HEAD", default=True),
         gemv_full_k_max_mb=_amount(environ, "KVSERVE_GEMV_FULL_K_MB", default=16.0),
         switch_interval_ms=_amount(environ, "KVSERVE_SWITCH_INTERVAL_MS", default=0.0),
+        kv_write_delay_ms=_amount(environ, "KVSERVE_KV_WRITE_DELAY_MS", default=0.0),
         is_dense_pack_enabled=_flag(environ, "KVSERVE_DENSE_PACK", default=True),
     )
 

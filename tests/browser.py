@@ -35,7 +35,11 @@ def require_browser() -> Any:
 
 
 @contextmanager
-def browser_page(sync_api: Any, viewport: tuple[int, int] = (1400, 900)) -> Iterator[Any]:
+def browser_page(
+    sync_api: Any, viewport: tuple[int, int] = (1400, 900), **context_options: Any
+) -> Iterator[Any]:
+    """A page of a fresh Chromium profile; `context_options` go to Playwright's context (e.g.
+    `bypass_csp=True`)."""
     with (
         sync_api.sync_playwright() as playwright,
         tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile,
@@ -46,6 +50,7 @@ def browser_page(sync_api: Any, viewport: tuple[int, int] = (1400, 900)) -> Iter
             headless=True,
             args=CHROMIUM_ARGS,
             viewport={"width": viewport[0], "height": viewport[1]},
+            **context_options,
         )
         try:
             yield context.new_page()

@@ -18,6 +18,7 @@ from kvserve.api.errors import install_error_handlers
 from kvserve.api.openai_chat import router as chat_router
 from kvserve.api.openai_completions import router as completions_router
 from kvserve.api.openai_responses import router as responses_router
+from kvserve.api.security_headers import SecurityHeadersMiddleware
 from kvserve.api.settings import ApiSettings
 from kvserve.serving.cache_view import CacheViewSource
 from kvserve.serving.chat_service import ChatService
@@ -67,5 +68,6 @@ def create_app(
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     if settings.cors:  # added after auth so it wraps it: preflights and 401s carry CORS headers
         app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(SecurityHeadersMiddleware)  # on every response, 401s included
     app.add_middleware(AccessLogMiddleware)  # outermost: every response, 401s included, gets an id
     return app

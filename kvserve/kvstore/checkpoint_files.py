@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import torch
 
+from kvserve.env import switches
 from kvserve.kvstore.atomic_file import ensure_private_dir
 from kvserve.kvstore.checkpoint import CheckpointMeta, ChunkSpan, LoadedKV, StoreIdentity
 from kvserve.kvstore.chunk_format import CorruptChunkError, identity_digest
@@ -34,6 +36,14 @@ logger = logging.getLogger(__name__)
 
 # Called by save() for each chunk not stored yet: per-layer KV [2, num_tokens, num_kv_heads, head_dim].
 ChunkProvider = Callable[[ChunkSpan], Sequence[torch.Tensor]]
+
+
+def _crash_window() -> None:
+    """KVSERVE_KV_WRITE_DELAY_MS: widen the gap between two steps of a write or delete, so that the
+    crash harness's kill -9 lands between them often (0, the default, costs one attribute read)."""
+    delay_ms = switches().kv_write_delay_ms
+    if delay_ms:
+        time.sleep(delay_ms / 1000)
 
 
 class ChunkUnavailableError(LookupError):
@@ -64,6 +74,7 @@ class CheckpointFiles:
             for span in spans:
                 self.chunks.write(span, token_ids[span.start : span.end], provider(span))
                 written.add(span.key)
+                _crash_window()
             if spans:
                 self.chunks.sync()
         except BaseException:
@@ -81,6 +92,7 @@ class CheckpointFiles:
     ) -> None:
         """Commit a checkpoint whose chunks are all on disk: manifest file, then index."""
         self.manifests.write(meta.checkpoint_id, manifest)
+        _crash_window()
         try:
             self.index.add(meta, spans, len(manifest), sizes)
         except BaseException:
@@ -104,6 +116,7 @@ class CheckpointFiles:
     def delete(self, checkpoint_id: str) -> bool:
         # Manifest first: once it is gone the checkpoint no longer exists, whatever else fails.
         existed = self.manifests.delete(checkpoint_id) or self.index.get(checkpoint_id) is not None
+        _crash_window()
         for key in self.index.remove(checkpoint_id):
             self.chunks.delete(key)
         return existed

@@ -36,6 +36,7 @@ from kvserve.kvstore.checkpoint import (
 from kvserve.kvstore.checkpoint_files import CheckpointFiles, ChunkProvider, ChunkUnavailableError
 from kvserve.kvstore.chunk_format import chunk_file_size
 from kvserve.kvstore.chunking import chunk_spans, longest_stored_run, prefix_key
+from kvserve.kvstore.disk_errors import check_free_space
 from kvserve.kvstore.eviction import (
     DEFAULT_EVICTION_POLICY,
     EvictionPlan,
@@ -48,6 +49,7 @@ from kvserve.kvstore.eviction import (
 )
 from kvserve.kvstore.layout import has_flat_layout, migrate_flat_layout, model_dir, other_models_bytes
 from kvserve.kvstore.manifest import Manifest, encode_manifest
+from kvserve.kvstore.names import is_checkpoint_id
 from kvserve.kvstore.text_prefix import longest_text_prefix
 
 __all__ = ["CheckpointStore", "ChunkProvider", "ChunkUnavailableError", "ExportedCheckpoint"]
@@ -128,6 +130,16 @@ class CheckpointStore:
             return SaveResult("failed", meta.checkpoint_id)
         if result.status == "stored":
             self._files.disk_errors.succeeded()
+            # NOTE: logged once the manifest and the index are durable: a checkpoint this line
+            # names survives a kill -9 unless a later line says it was evicted or deleted.
+            logger.info(
+                "kvstore: stored %s checkpoint %s (%d tokens, %d new chunks, %.1f MiB)",
+                meta.reason,
+                result.checkpoint_id,
+                meta.num_tokens,
+                result.num_new_chunks,
+                result.num_new_bytes / 2**20,
+            )
         return result
 
     def _save(
@@ -157,6 +169,7 @@ class CheckpointStore:
                 plan = self._evict(incoming, token_ids, block_hashes)
                 if not plan.can_store:
                     return SaveResult(plan.outcome, checkpoint_id)
+                check_free_space(self.directory, new_bytes)
             try:
                 self._write_and_add(meta, manifest, token_ids, spans, missing, sizes, provider)
             except ChunkUnavailableError:
@@ -223,6 +236,10 @@ class CheckpointStore:
             )
         self._is_crowded = others > 0 and not plan.can_store
         for victim in plan.victim_ids:
+            # Before the delete, so that a crash inside it never hides that it was meant.
+            logger.info(
+                "kvstore: evicting checkpoint %s (over the %d MiB budget)", victim, self.budget_bytes >> 20
+            )
             self._delete(victim)
         self._num_evictions += len(plan.victim_ids)
         return plan
@@ -339,6 +356,8 @@ class CheckpointStore:
         self._files.rewrite_manifest(meta.used(now, hit=hit), token_ids)
 
     def delete(self, checkpoint_id: str) -> bool:
+        if not is_checkpoint_id(checkpoint_id):  # no such checkpoint, and never a path
+            return False
         with self._lock:
             return self._delete(checkpoint_id)
 

@@ -20,6 +20,7 @@ from kvserve.kvstore.chunk_format import (
     decode_header,
     encode_chunk,
 )
+from kvserve.kvstore.names import checked_chunk_key, is_chunk_key
 
 if TYPE_CHECKING:
     import torch
@@ -58,13 +59,14 @@ class ChunkStore:
         self.identity = identity
 
     def path(self, key: str) -> Path:
-        return self.directory / f"{key}{SUFFIX}"
+        """Raises UnsafeNameError for anything but a chunk key."""
+        return self.directory / f"{checked_chunk_key(key)}{SUFFIX}"
 
     def keys_on_disk(self) -> set[str]:
         return {
             p.name[: -len(SUFFIX)]
             for p in self.directory.iterdir()
-            if p.name.endswith(SUFFIX) and not is_temp_file(p)
+            if p.name.endswith(SUFFIX) and not is_temp_file(p) and is_chunk_key(p.name[: -len(SUFFIX)])
         }
 
     def write(self, span: ChunkSpan, token_ids: Sequence[int], layers: Sequence[torch.Tensor]) -> int:

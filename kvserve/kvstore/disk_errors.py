@@ -7,10 +7,27 @@ level) until a write succeeds again.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from pathlib import Path
 
 logger = logging.getLogger("kvserve.kvstore")
+
+# Room kept free beyond a checkpoint's files: the index's WAL and the manifests' rewrites need some.
+FREE_SPACE_MARGIN_BYTES = 1 << 20
+
+
+def check_free_space(directory: Path, num_bytes: int) -> None:
+    """Raise ENOSPC when the filesystem cannot take `num_bytes` more (plus a margin): a store on a
+    full disk is skipped before it writes anything, instead of failing partway through its chunks."""
+    stats = os.statvfs(directory)
+    free = stats.f_bavail * stats.f_frsize  # what an unprivileged writer may still use
+    if free < num_bytes + FREE_SPACE_MARGIN_BYTES:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left on device: {free / 2**20:.1f} MiB free for {num_bytes / 2**20:.1f} MiB",
+        )
 
 
 class DiskErrorLog:

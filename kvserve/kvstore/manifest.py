@@ -19,6 +19,7 @@ import numpy as np
 import xxhash
 
 from kvserve.kvstore.checkpoint import SAVE_REASONS, CheckpointMeta, ChunkSpan, StoreIdentity, TextKey
+from kvserve.kvstore.names import is_checkpoint_id, is_chunk_key
 
 MANIFEST_VERSION = 1
 MAGIC = b"KVSM"
@@ -89,6 +90,8 @@ def _parse(document: dict, token_ids: list[int]) -> Manifest:
     contiguous = all(a.end == b.start for a, b in itertools.pairwise(chunks))
     if (
         meta.reason not in SAVE_REASONS
+        or not is_checkpoint_id(meta.checkpoint_id)
+        or not all(is_chunk_key(span.key) for span in chunks)  # a name is never a path elsewhere
         or meta.num_tokens != len(token_ids)
         or not chunks
         or chunks[0].start != 0

@@ -7,6 +7,7 @@ from pathlib import Path
 from kvserve.kvstore.atomic_file import ensure_private_dir, is_temp_file, write_atomic
 from kvserve.kvstore.checkpoint import StoreIdentity
 from kvserve.kvstore.manifest import IncompatibleManifestError, Manifest, decode_manifest
+from kvserve.kvstore.names import checked_checkpoint_id, is_checkpoint_id
 
 SUFFIX = ".kvm"
 
@@ -18,13 +19,14 @@ class ManifestStore:
         self.identity = identity
 
     def path(self, checkpoint_id: str) -> Path:
-        return self.directory / f"{checkpoint_id}{SUFFIX}"
+        """Raises UnsafeNameError for anything but a checkpoint id."""
+        return self.directory / f"{checked_checkpoint_id(checkpoint_id)}{SUFFIX}"
 
     def ids_on_disk(self) -> set[str]:
         return {
             p.name[: -len(SUFFIX)]
             for p in self.directory.iterdir()
-            if p.name.endswith(SUFFIX) and not is_temp_file(p)
+            if p.name.endswith(SUFFIX) and not is_temp_file(p) and is_checkpoint_id(p.name[: -len(SUFFIX)])
         }
 
     def read(self, checkpoint_id: str) -> Manifest:

@@ -122,8 +122,9 @@ class CheckpointWriter:
     def _delete_superseded(self, job: SaveJob, stored_id: str) -> None:
         if job.supersedes is None or job.supersedes == stored_id:
             return
+        # Logged before the delete, so that a crash inside it never hides that it was meant.
+        logger.info("kvstore: deleting checkpoint %s, superseded by %s", job.supersedes, stored_id)
         try:
-            if self.store.delete(job.supersedes):
-                logger.info("kvstore: checkpoint %s superseded by %s, deleted", job.supersedes, stored_id)
+            self.store.delete(job.supersedes)
         except OSError as error:  # eviction removes it later; the new checkpoint is what matters
             logger.warning("kvstore: could not delete superseded checkpoint %s: %s", job.supersedes, error)

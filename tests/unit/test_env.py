@@ -18,6 +18,7 @@ DEFAULTS = EnvSwitches(
     is_gemv_head_enabled=True,
     gemv_full_k_max_mb=16.0,
     switch_interval_ms=0.0,
+    kv_write_delay_ms=0.0,
     is_dense_pack_enabled=True,
 )
 FLAGS = {
@@ -28,7 +29,11 @@ FLAGS = {
     "KVSERVE_GEMV_HEAD": "is_gemv_head_enabled",
     "KVSERVE_DENSE_PACK": "is_dense_pack_enabled",
 }
-AMOUNTS = {"KVSERVE_GEMV_FULL_K_MB": "gemv_full_k_max_mb", "KVSERVE_SWITCH_INTERVAL_MS": "switch_interval_ms"}
+AMOUNTS = {
+    "KVSERVE_GEMV_FULL_K_MB": "gemv_full_k_max_mb",
+    "KVSERVE_SWITCH_INTERVAL_MS": "switch_interval_ms",
+    "KVSERVE_KV_WRITE_DELAY_MS": "kv_write_delay_ms",
+}
 
 
 def test_unset_or_empty_gives_the_defaults() -> None:

@@ -12,7 +12,7 @@ import pytest
 from kvstore_helpers import Provider, kv_for, model_dir, open_store, random_tokens, save, text_of
 
 from kvserve.engine.kv_cache.block_hash import compute_block_hashes
-from kvserve.kvstore import atomic_file
+from kvserve.kvstore import atomic_file, disk_errors
 from kvserve.kvstore.checkpoint import CheckpointMeta, TextKey
 from kvserve.kvstore.writer import CheckpointWriter, SaveJob
 
@@ -126,3 +126,29 @@ def test_a_read_only_filesystem_skips_stores_even_for_root(
     assert store.load(TextKey.of(text_of(stored)).sha1) is not None
     assert len(warnings_of(caplog)) == 1 and "Read-only" in warnings_of(caplog)[0]
     assert leftovers(tmp_path) == []
+
+
+def test_a_store_that_the_filesystem_cannot_take_is_skipped_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """statvfs says too little is free: nothing is written (no temp file, no chunk), one warning;
+    once space returns the next store goes through."""
+    store = open_store(tmp_path)
+    real_statvfs = os.statvfs
+    free_blocks = {"n": 3}
+
+    class Stats:
+        def __init__(self, path: Path) -> None:
+            real = real_statvfs(path)
+            self.f_frsize = real.f_frsize
+            self.f_bavail = real.f_bavail if free_blocks["n"] is None else free_blocks["n"]
+
+    monkeypatch.setattr(disk_errors.os, "statvfs", Stats)
+    caplog.set_level(logging.INFO, logger="kvserve.kvstore")
+    assert [save(store, random_tokens(40, seed)).status for seed in (1, 2)] == ["failed", "failed"]
+    assert leftovers(tmp_path) == [] and list((model_dir(tmp_path) / "chunks").iterdir()) == []
+    warned = warnings_of(caplog)
+    assert len(warned) == 1 and "MiB free for" in warned[0], warned
+    free_blocks["n"] = None
+    assert save(store, random_tokens(40, 3)).status == "stored"
+    assert any("succeed again" in r.getMessage() for r in caplog.records)

@@ -42,7 +42,11 @@ function badge(source) {
 }
 
 function bar(parts) {  // [[class, fraction], ...]
-  return el("div", { class: "bar" }, ...parts.map(([cls, f]) => el("span", { class: cls, style: `width:${(100 * Math.min(1, f)).toFixed(1)}%` })));
+  return el("div", { class: "bar" }, ...parts.map(([cls, f]) => {
+    const span = el("span", { class: cls });
+    span.style.width = `${(100 * Math.min(1, f)).toFixed(1)}%`;  // CSSOM: the CSP forbids style attributes
+    return span;
+  }));
 }
 
 // -- requests ----------------------------------------------------------------------------
