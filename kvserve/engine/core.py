@@ -13,7 +13,8 @@ import torch
 from kvserve.config import EngineConfig, resolve, resolve_weight_quant
 from kvserve.engine.cache_key import cache_key
 from kvserve.engine.constraint import TokenConstraint
-from kvserve.engine.disk_tier import DiskTier, open_kv_tier
+from kvserve.engine.disk_tier import DiskTier
+from kvserve.engine.disk_tier_open import open_kv_tier
 from kvserve.engine.image_input import ImageInput, check_images
 from kvserve.engine.kv_cache.manager import KVCacheManager
 from kvserve.engine.kv_pool import build_runner, resolve_kv_pool

@@ -9,7 +9,7 @@ import torch
 
 from kvserve.config import CacheConfig, EngineConfig, KVStoreConfig, SchedulerConfig
 from kvserve.engine.core import EngineCore
-from kvserve.engine.disk_tier import open_kv_tier
+from kvserve.engine.disk_tier_open import open_kv_tier
 from kvserve.engine.kv_tier import OpenKVTier
 from kvserve.models.loaded import LoadedModel, TokenizerInfo
 from kvserve.models.loader.safetensors import load_hf_model
