@@ -106,6 +106,7 @@ def measure(args: argparse.Namespace, rows: list[str], scratch: Path) -> dict:
         run_row,
     )
     from kvserve.bench.quality_rows import reference_config
+    from kvserve.config import resolve
     from kvserve.engine.build import build_engine
 
     def build(config):
@@ -118,16 +119,26 @@ def measure(args: argparse.Namespace, rows: list[str], scratch: Path) -> dict:
     reference = reference_run(reference_engine, text, store)
     del reference_engine
     free_engine_memory()
-    results = []
+    model_context = reference.facts["model_context"]
+    results: list[dict] = []
     for name in rows:
         if name == CONFIG_ROW:
-            result = run_row(build, name, "", flags, text, reference)
-            results.append(dataclasses.replace(result, what=f"the flags given: {describe(result.settings)}"))
+            what, config = "", flags
         else:
-            row = ROWS[name]
-            config = row.config(reference_config(flags), reference.facts["model_context"])
-            results.append(run_row(build, name, row.what, config, text, reference))
-        print(f"{name}: done in {results[-1].seconds:.1f} s", file=sys.stderr)
+            what, config = ROWS[name].what, ROWS[name].config(reference_config(flags), model_context)
+        try:
+            resolve(config)
+        except ValueError as error:
+            # A path this device does not have (an fp16 KV under an fp32 CUDA engine, say): the row
+            # says so and the others still run.
+            results.append({"name": name, "skipped": str(error)})
+            print(f"{name}: skipped: {error}", file=sys.stderr)
+            continue
+        result = run_row(build, name, what, config, text, reference)
+        if name == CONFIG_ROW:
+            result = dataclasses.replace(result, what=f"the flags given: {describe(result.settings)}")
+        results.append(result.to_json())
+        print(f"{name}: done in {result.seconds:.1f} s", file=sys.stderr)
     return {
         "model": args.model,
         "text": str(args.text),
@@ -143,7 +154,7 @@ def measure(args: argparse.Namespace, rows: list[str], scratch: Path) -> dict:
             "perplexity_stderr": reference.scores.perplexity_stderr,
             **reference.facts,
         },
-        "rows": [result.to_json() for result in results],
+        "rows": results,
         "llama_cpp": _llama_row(args, text, reference, scratch),
     }
 
@@ -243,7 +254,10 @@ def print_report(report: dict) -> None:
         "100%",
     )
     for row in report["rows"]:
-        table.add_row(row["name"], row["what"], *_figures(row))
+        if "skipped" in row:
+            table.add_row(row["name"], f"skipped: {row['skipped']}", "", "", "", "", "")
+        else:
+            table.add_row(row["name"], row["what"], *_figures(row))
     llama = report["llama_cpp"]
     if "skipped" in llama:
         table.add_row("llama.cpp", f"skipped: {llama['skipped']}", "", "", "", "", "")

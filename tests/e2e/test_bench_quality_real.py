@@ -71,3 +71,18 @@ def test_make_serves_context_costs_a_short_prompt_nothing(tmp_path: Path) -> Non
     assert on_demand["settings"]["rope"] == "rope yarn x2 of 8192 on demand"
     assert on_demand["kl_max"] == 0 and on_demand["ppl_ratio"] == 1, on_demand
     assert static["settings"]["rope"] == "rope yarn x2 of 8192" and static["kl_mean"] > 1e-3, static
+
+
+def test_a_row_this_device_cannot_run_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    """Flags the engine rejects (an fp16 KV under a bf16 engine, as an fp16 KV under fp32 on CUDA)
+    make their row say why; the run still ends with its report instead of exiting on the error."""
+    from kvserve.cli.main import main
+
+    _needs_smollm2()
+    out = tmp_path / "quality.json"
+    argv = ["bench", "quality", "--model", "smollm2", "--chunk-ctx", "64", "--chunks", "1", "--no-peer"]
+    main(
+        [*argv, "--dtype", "bfloat16", "--kv-cache-dtype", "float16", "--rows", "config", "--json", str(out)]
+    )
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["name"] == "config" and "does not combine with --dtype bfloat16" in row["skipped"], row
