@@ -209,6 +209,13 @@ def test_metrics_show_each_replica_and_the_routers_decisions(servers: Servers) -
     assert sum(v for k, v in metrics.items() if k.startswith("vllm:prefix_cache_queries_total")) > 0
     assert any(k.startswith('kvserve_router_decisions_total{reason="session"') for k in metrics)
     assert 'kvserve_prefix_cache_hit_rate{replica="all"}' in metrics
+    assert any(k.startswith("kvserve_router_sessions{") for k in metrics)
+    # The console's Cluster tab reads the same board.
+    view = httpx.get(f"{servers.cluster}/kvserve/v1/cluster", timeout=30).json()
+    assert view["num_replicas"] == 2 and view["decisions"].get("session", 0) >= 1
+    assert {r["replica"] for r in view["replicas"]} == {
+        m.group(1) for k in metrics if (m := re.search(r'kvserve_replica_info\{.*replica="([^"]+)"', k))
+    }
 
 
 def test_the_console_is_served_by_one_replica_per_client(servers: Servers) -> None:
