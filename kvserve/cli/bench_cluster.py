@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,7 +108,8 @@ def run_scaling(args: argparse.Namespace) -> None:
     summary = ScalingSummary(rows, speedup(rows))
     print(markdown(summary))
     if args.json:
-        args.json.write_text(json.dumps(asdict(summary), indent=2) + "\n")
+        # With the command line that produced it (the flags are the run's whole configuration).
+        args.json.write_text(json.dumps({"argv": sys.argv, **asdict(summary)}, indent=2) + "\n")
 
 
 def run(args: argparse.Namespace) -> None:
