@@ -96,8 +96,8 @@ def run_router(
     flags becomes the router's name: each run's KV directories of its own (a shared tier that an
     earlier run filled would serve this run's prompts)."""
     killed: list[str] = []
-    flags = tuple(arg.replace("{router}", router) for arg in run.cluster_args)
-    with cluster_app(replace(run, cluster_args=flags), (f"--router={router}",)) as url:
+    own_run = replace(run, cluster_args=router_flags(run.cluster_args, router))
+    with cluster_app(own_run, (f"--router={router}",)) as url:
         bench = MultiturnBench(
             MultiturnTarget(url, session_header=SESSION_HEADER), tokenizer, config, progress=progress
         )
@@ -105,6 +105,11 @@ def run_router(
         results = bench.run(restart=_replica_killer(run.address, bench, killed))
         wall_s = time.perf_counter() - started
     return summarize(router, results, wall_s, killed[0] if killed else None, bench.text.prefix_len)
+
+
+def router_flags(cluster_args: Sequence[str], router: str) -> tuple[str, ...]:
+    """Pure: the flags with `{router}` replaced by the router's name."""
+    return tuple(arg.replace("{router}", router) for arg in cluster_args)
 
 
 @contextmanager
