@@ -43,6 +43,9 @@ class ScalingRow:
     replica_cores: dict[str, int]  # replica -> the core its process was pinned to ({}: not pinned)
     replica_cpu_use: dict[str, float]  # replica -> its CPU seconds / wall (1.0: one core busy throughout)
     client_cpu_use: float  # this benchmark client's CPU seconds / wall
+    # Ray's own processes on this host (GCS, raylets, proxies, the ingress, the driver), replicas aside:
+    # what relaying the tokens and running the cluster cost, out of the replicas' cores.
+    ray_cpu_use: float
     machine_cpu_use: float  # busy cores of the whole host over the run (Ray, the client, anyone else)
 
 
@@ -59,6 +62,7 @@ def scaling_row(
     cores: dict[str, int],
     cpu_s: dict[str, float],
     client_cpu_s: float,
+    ray_cpu_s: float,
     machine_cpu_s: float,
 ) -> ScalingRow:
     """Pure: one replica count's figures from its turns and the CPU seconds spent during them."""
@@ -75,6 +79,7 @@ def scaling_row(
         replica_cores=dict(cores),
         replica_cpu_use={tag: s / wall_s for tag, s in cpu_s.items()},
         client_cpu_use=client_cpu_s / wall_s,
+        ray_cpu_use=ray_cpu_s / wall_s,
         machine_cpu_use=machine_cpu_s / wall_s,
     )
 
@@ -104,14 +109,16 @@ def run_replicas(
         for tag, core in cores.items():
             pin_process(pids[tag], core)
         bench = MultiturnBench(target, tokenizer, replace(config, restart_after_turn=None), progress=progress)
+        ray_pids = cluster_process_ids(run.address) - set(pids.values())
         cpu_before = {tag: process_cpu_s(pid) for tag, pid in pids.items()}
-        client_before, machine_before = _own_cpu_s(), machine_busy_s()
+        client_before, ray_before, machine_before = _own_cpu_s(), cpu_by_pid(ray_pids), machine_busy_s()
         started = time.perf_counter()
         results = bench.run()
         wall_s = time.perf_counter() - started
         cpu_s = {tag: process_cpu_s(pid) - cpu_before[tag] for tag, pid in pids.items()}
         client_s, machine_s = _own_cpu_s() - client_before, machine_busy_s() - machine_before
-    return scaling_row(num_replicas, results, wall_s, cores, cpu_s, client_s, machine_s)
+        ray_s = cpu_spent(ray_before, cpu_by_pid(ray_pids))
+    return scaling_row(num_replicas, results, wall_s, cores, cpu_s, client_s, ray_s, machine_s)
 
 
 def _warm_every_replica(
@@ -173,6 +180,52 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cluster_process_ids(address: str) -> set[int]:
+    """The Ray cluster's processes on this host: those whose command line names its GCS port (GCS,
+    raylets, monitors, `kvserve cluster`, which is a Ray driver) and everything they started (the
+    workers: replicas, proxies, the ingress, the controller); this process and its parents aside
+    (the client names the address too)."""
+    port = address.rsplit(":", 1)[1]
+    marks = (f":{port}".encode(), f"={port}".encode())
+    parents: dict[int, int] = {}
+    roots: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        if any(arg.endswith(mark) for arg in args for mark in marks):
+            roots.add(int(entry.name))
+    mine: set[int] = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        pid = parents.get(pid, 0)
+    found = roots - mine
+    while more := {pid for pid, parent in parents.items() if parent in found} - found - mine:
+        found |= more
+    return found
+
+
+def cpu_by_pid(pids: set[int]) -> dict[int, float]:
+    """CPU seconds of each of `pids` still running."""
+    seconds = {}
+    for pid in pids:
+        try:
+            seconds[pid] = process_cpu_s(pid)
+        except (OSError, IndexError):
+            pass  # ended meanwhile
+    return seconds
+
+
+def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """Pure: CPU seconds spent between two readings by the processes in both."""
+    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
+
+
 def machine_busy_s() -> float:
     """CPU seconds the whole host spent busy so far, summed over its cores (/proc/stat)."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -189,9 +242,9 @@ def markdown(summary: ScalingSummary) -> str:
     rows = [
         (
             "| replicas | turns ok / failed | output tokens | wall s | output tok/s | cached share, turns >= 2 "
-            "| sessions per replica | replica CPU use (cores) | client CPU use | host CPU use |"
+            "| sessions per replica | replica CPU use (cores) | client CPU use | Ray's CPU use | host CPU use |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary.rows:
         share = ", ".join(f"{v:.0%}" for v in r.session_share.values())
@@ -202,7 +255,7 @@ def markdown(summary: ScalingSummary) -> str:
         rows.append(
             f"| {r.num_replicas} | {r.num_turns_ok} / {r.num_turns_failed} | {r.num_output_tokens} "
             f"| {r.wall_s:.0f} | {r.output_tok_per_s:.1f} | {r.cached_share_after_turn_1:.1%} | {share} "
-            f"| {cpu} | {r.client_cpu_use:.2f} | {r.machine_cpu_use:.2f} |"
+            f"| {cpu} | {r.client_cpu_use:.2f} | {r.ray_cpu_use:.2f} | {r.machine_cpu_use:.2f} |"
         )
     rows.append(f"\n{summary.rows[-1].num_replicas} replicas / 1: {summary.speedup:.2f}x the output tok/s")
     return "\n".join(rows)
