@@ -11,8 +11,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -35,6 +36,9 @@ class RouterSummary:
     session_share: dict[str, float]  # replica -> share of the sessions it served (turn 1 homes)
     num_sessions_split: int  # sessions whose turns (before any kill) went to more than one replica
     moved_cached_share: float | None  # the killed replica's sessions, the turn after the kill
+    # The same past the shared prefix (which the survivor holds in RAM anyway): their own history, which
+    # under an affine router the survivor never served, so what of it was cached came from the shared tier.
+    moved_private_cached_share: float | None
     output_tok_per_s: float
     wall_s: float
 
@@ -66,6 +70,7 @@ def summarize(
         session_share=share,
         num_sessions_split=sum(1 for tags in homes.values() if len(tags) > 1),
         moved_cached_share=_ratio(moved) if moved else None,
+        moved_private_cached_share=_ratio(moved, shared_tokens) if moved else None,
         output_tok_per_s=sum(r.result.output_len for r in ok) / wall_s if wall_s else 0.0,
         wall_s=wall_s,
     )
@@ -87,30 +92,46 @@ class ClusterRun:
 def run_router(
     run: ClusterRun, router: str, tokenizer: Tokenizer, config: MultiturnConfig, progress: bool = True
 ) -> RouterSummary:
-    """Starts `kvserve cluster --router ROUTER`, runs the agents, stops it."""
-    port = _free_port()
-    command = [sys.executable, "-m", "kvserve", "cluster", f"--address={run.address}", f"--port={port}",
-               f"--router={router}", *run.cluster_args]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    with run.log.open("a") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=out)
+    """Starts `kvserve cluster --router ROUTER`, runs the agents, stops it. `{router}` in the run's
+    flags becomes the router's name: each run's KV directories of its own (a shared tier that an
+    earlier run filled would serve this run's prompts)."""
     killed: list[str] = []
-    try:
-        _wait_ready(url, process)
-        _wait_all_replicas(run.address)
+    own_run = replace(run, cluster_args=router_flags(run.cluster_args, router))
+    with cluster_app(own_run, (f"--router={router}",)) as url:
         bench = MultiturnBench(
             MultiturnTarget(url, session_header=SESSION_HEADER), tokenizer, config, progress=progress
         )
         started = time.perf_counter()
         results = bench.run(restart=_replica_killer(run.address, bench, killed))
         wall_s = time.perf_counter() - started
+    return summarize(router, results, wall_s, killed[0] if killed else None, bench.text.prefix_len)
+
+
+def router_flags(cluster_args: Sequence[str], router: str) -> tuple[str, ...]:
+    """Pure: the flags with `{router}` replaced by the router's name."""
+    return tuple(arg.replace("{router}", router) for arg in cluster_args)
+
+
+@contextmanager
+def cluster_app(run: ClusterRun, extra_args: Sequence[str]) -> Iterator[str]:
+    """`kvserve cluster` with the run's flags and `extra_args` (later flags win), until every replica
+    runs; yields its URL and stops it (SIGTERM) after."""
+    port = _free_port()
+    command = [sys.executable, "-m", "kvserve", "cluster", f"--address={run.address}", f"--port={port}",
+               *run.cluster_args, *extra_args]  # fmt: skip
+    with run.log.open("a") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=out)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, process)
+        _wait_all_replicas(run.address)
+        yield url
     finally:
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(120)
         except subprocess.TimeoutExpired:
             process.kill()
-    return summarize(router, results, wall_s, killed[0] if killed else None, bench.text.prefix_len)
 
 
 def _replica_killer(address: str, bench: MultiturnBench, killed: list[str]) -> Callable[[], None]:
@@ -175,13 +196,16 @@ def markdown(summaries: Sequence[RouterSummary]) -> str:
     rows = [
         (
             "| router | turns ok / failed | cached share, turns >= 2 | of it past the shared prefix "
-            "| sessions per replica | split sessions | moved sessions' next turn cached | output tok/s | wall s |"
+            "| sessions per replica | split sessions | moved sessions' next turn cached (past the shared prefix) "
+            "| output tok/s | wall s |"
         ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         share = ", ".join(f"{v:.0%}" for v in s.session_share.values())
         moved = "-" if s.moved_cached_share is None else f"{s.moved_cached_share:.0%}"
+        if s.moved_private_cached_share is not None:
+            moved += f" ({s.moved_private_cached_share:.0%})"
         rows.append(
             f"| {s.router} | {s.num_turns_ok} / {s.num_turns_failed} | {s.cached_share_after_turn_1:.1%} "
             f"| {s.private_cached_share:.1%} "

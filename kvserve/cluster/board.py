@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvserve.cluster.policy import Reason
 from kvserve.cluster.replica_stats import ReplicaStats
@@ -16,15 +17,25 @@ from kvserve.cluster.replica_stats import ReplicaStats
 class RoutingBoard:
     replicas: dict[str, ReplicaStats] = field(default_factory=dict)  # by replica tag
     num_ongoing: dict[str, int] = field(default_factory=dict)  # by replica tag, as this router counts
+    num_sessions: dict[str, int] = field(default_factory=dict)  # live sessions bound to each, by tag
     decisions: Counter[tuple[Reason, str]] = field(default_factory=Counter)  # (reason, replica tag)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the router's loop vs /metrics
     # Since when the router has known no replica (None: it knows some, or has not spoken yet).
     no_replica_since: float | None = None
 
-    def set_replicas(self, stats: dict[str, ReplicaStats], ongoing: dict[str, int], now: float) -> None:
+    def set_replicas(
+        self,
+        stats: dict[str, ReplicaStats],
+        ongoing: dict[str, int],
+        now: float,
+        sessions: dict[str, int] | None = None,
+    ) -> None:
+        """`sessions`: None keeps the last counts (the router counts them at most once a second)."""
         with self.lock:
             self.replicas = dict(stats)
             self.num_ongoing = dict(ongoing)
+            if sessions is not None:
+                self.num_sessions = dict(sessions)
             if stats:
                 self.no_replica_since = None
             elif self.no_replica_since is None:
@@ -39,9 +50,18 @@ class RoutingBoard:
         with self.lock:
             self.decisions[(reason, replica_tag)] += 1
 
-    def snapshot(self) -> tuple[dict[str, ReplicaStats], dict[str, int], Counter[tuple[Reason, str]]]:
+    def snapshot(self) -> BoardSnapshot:
         with self.lock:
-            return dict(self.replicas), dict(self.num_ongoing), Counter(self.decisions)
+            return BoardSnapshot(
+                dict(self.replicas), dict(self.num_ongoing), dict(self.num_sessions), Counter(self.decisions)
+            )
+
+
+class BoardSnapshot(NamedTuple):
+    replicas: dict[str, ReplicaStats]
+    num_ongoing: dict[str, int]
+    num_sessions: dict[str, int]
+    decisions: Counter[tuple[Reason, str]]
 
 
 BOARD = RoutingBoard()

@@ -1,5 +1,6 @@
 """The cluster's /metrics (served by the ingress): per-replica load and cache counters under vLLM's
-names, labelled `replica`, the cluster's prefix-cache hit rate, and the router's decisions."""
+names, labelled `replica`, the cluster's prefix-cache hit rate, the router's sessions per replica and
+its decisions."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class BoardCollector:
         self.source = source
 
     def collect(self) -> Iterator[Metric]:
-        replicas, ongoing, decisions = self.source.snapshot()
+        replicas, ongoing, sessions, decisions = self.source.snapshot()
         tags = sorted(replicas)
         info = GaugeMetricFamily(
             "kvserve_replica_info",
@@ -71,6 +72,14 @@ class BoardCollector:
         for tag in tags:
             in_flight.add_metric([tag], float(ongoing.get(tag, 0)))
         yield in_flight
+        live_sessions = GaugeMetricFamily(
+            "kvserve_router_sessions",
+            "Live sessions (heard from in the last 30 minutes) the router keeps on each replica",
+            labels=["replica"],
+        )
+        for tag in tags:
+            live_sessions.add_metric([tag], float(sessions.get(tag, 0)))
+        yield live_sessions
         routed = CounterMetricFamily(
             "kvserve_router_decisions",
             "Requests routed, by why (response, session, prefix, least_loaded) and where",

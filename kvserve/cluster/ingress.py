@@ -17,12 +17,11 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from kvserve.api.auth import has_api_key
 from kvserve.api.body import read_body
 from kvserve.api.errors import ApiError, error_response
 from kvserve.cluster import board
 from kvserve.cluster.asgi_bridge import ForwardedRequest, ReplyHead
-from kvserve.cluster.cluster_metrics import render_metrics
+from kvserve.cluster.board_routes import board_response
 from kvserve.cluster.routing_keys import RoutingKeys, extract_routing_keys
 from kvserve.cluster.stream_failure import failure_frames
 
@@ -53,11 +52,9 @@ class ClusterIngress:
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
-        if path == "/metrics" and request.method == "GET":
-            key = self.settings.api_key
-            if key and not has_api_key(request.headers.raw, key.encode()):
-                return error_response(path, ApiError(401, "invalid or missing API key"))
-            return Response(render_metrics(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        own = board_response(request.method, path, request.headers.raw, self.settings.api_key)
+        if own is not None:
+            return own
         try:
             body = await read_body(request, self.settings.max_body_bytes)
         except ApiError as error:

@@ -91,6 +91,15 @@ class AffinityPolicy:
         for key in [k for k, b in self._sessions.items() if b.replica_id == replica_id]:
             del self._sessions[key]
 
+    def session_counts(self, now: float) -> dict[str, int]:
+        """Replica id -> its live sessions (heard from within `session_ttl_s`), in one pass."""
+        horizon = now - self.settings.session_ttl_s
+        counts: dict[str, int] = {}
+        for binding in self._sessions.values():
+            if binding.last_seen >= horizon:
+                counts[binding.replica_id] = counts.get(binding.replica_id, 0) + 1
+        return counts
+
     def num_sessions(self, replica_id: str, now: float) -> int:
         """Sessions bound to the replica and heard from within `session_ttl_s`."""
         horizon = now - self.settings.session_ttl_s

@@ -22,6 +22,10 @@ from kvserve.cluster.routing_keys import RoutingKeys
 
 logger = logging.getLogger(__name__)
 
+# Live sessions per replica, for /metrics and the console: counted at most this often (a pass over every
+# session the router knows), not on each request.
+_SESSIONS_PERIOD_S = 1.0
+
 
 class KvserveRequestRouter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
@@ -30,6 +34,7 @@ class KvserveRequestRouter(RequestRouter):
         # internal request id -> (its keys, the decision), until Ray says where it went
         self._pending: dict[str, tuple[RoutingKeys, RoutingDecision]] = {}
         self._in_flight = InFlight()  # the load the policy sees, by full replica id
+        self._sessions_counted_at = 0.0  # when _publish last counted sessions (a pass over all of them)
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -94,12 +99,21 @@ class KvserveRequestRouter(RequestRouter):
         for replica in self._replicas.values():
             published = ReplicaStats.from_dict(replica.routing_stats or {})
             stats[replica.replica_id.unique_id] = published or ReplicaStats(tag=replica.replica_id.unique_id)
-        counts = self._in_flight.counts(time.time())
+        now = time.time()
+        counts = self._in_flight.counts(now)
         ongoing = {
             r.replica_id.unique_id: counts.get(r.replica_id.to_full_id_str(), 0)
             for r in self._replicas.values()
         }
-        board.BOARD.set_replicas(stats, ongoing, time.time())
+        sessions = None
+        if now - self._sessions_counted_at >= _SESSIONS_PERIOD_S:
+            self._sessions_counted_at = now
+            by_id = self._policy.session_counts(now)
+            sessions = {
+                r.replica_id.unique_id: by_id.get(r.replica_id.to_full_id_str(), 0)
+                for r in self._replicas.values()
+            }
+        board.BOARD.set_replicas(stats, ongoing, now, sessions)
 
 
 def _view(replica: RunningReplica, ongoing: dict[str, int]) -> ReplicaView:

@@ -199,16 +199,32 @@ def test_a_client_disconnect_aborts_the_request_on_its_replica(servers: Servers)
 
 
 def test_metrics_show_each_replica_and_the_routers_decisions(servers: Servers) -> None:
-    _events(servers.cluster, "/v1/chat/completions", "metrics")
+    for _ in range(2):  # a new session's first request is routed as least loaded, the second by session
+        _events(servers.cluster, "/v1/chat/completions", "metrics")
     _wait(
         lambda: sum(1 for k in _metrics(servers.cluster) if k.startswith("kvserve_replica_info")) == 2,
         15,
         "info",
     )
+    # The replicas publish every 2 s: the first figures may predate the request (this test alone).
+    _wait(
+        lambda: (
+            sum(v for k, v in _metrics(servers.cluster).items() if k.startswith("vllm:prefix_cache_queries"))
+            > 0
+        ),
+        15,
+        "the request's prompt tokens",
+    )
     metrics = _metrics(servers.cluster)
-    assert sum(v for k, v in metrics.items() if k.startswith("vllm:prefix_cache_queries_total")) > 0
     assert any(k.startswith('kvserve_router_decisions_total{reason="session"') for k in metrics)
     assert 'kvserve_prefix_cache_hit_rate{replica="all"}' in metrics
+    assert any(k.startswith("kvserve_router_sessions{") for k in metrics)
+    # The console's Cluster tab reads the same board.
+    view = httpx.get(f"{servers.cluster}/kvserve/v1/cluster", timeout=30).json()
+    assert view["num_replicas"] == 2 and view["decisions"].get("session", 0) >= 1
+    assert {r["replica"] for r in view["replicas"]} == {
+        m.group(1) for k in metrics if (m := re.search(r'kvserve_replica_info\{.*replica="([^"]+)"', k))
+    }
 
 
 def test_the_console_is_served_by_one_replica_per_client(servers: Servers) -> None:

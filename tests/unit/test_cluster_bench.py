@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvserve.bench.cluster_bench import markdown, summarize
+from kvserve.bench.cluster_bench import markdown, router_flags, summarize
 from kvserve.bench.metrics import RequestResult
 from kvserve.bench.multiturn import TurnResult
 
@@ -24,5 +24,11 @@ def test_summary_of_an_affine_run_with_a_kill() -> None:
     assert summary.session_share == {"a": 0.5, "b": 0.5}
     assert summary.num_sessions_split == 1  # agent 3 went to b, then a
     assert summary.moved_cached_share == (500 + 700) / 2000  # agents 0 and 2 lived on a
+    assert summary.moved_private_cached_share == (0 + 200) / 1000
     assert summary.output_tok_per_s == 11 * 10 / 10.0
-    assert "| affinity | 11 / 0 | 71.2% | 62.5% | 50%, 50% | 1 | 60% |" in markdown([summary])
+    assert "| affinity | 11 / 0 | 71.2% | 62.5% | 50%, 50% | 1 | 60% (20%) |" in markdown([summary])
+
+
+def test_each_router_gets_kv_directories_of_its_own() -> None:
+    flags = ("--kv-shared-dir", "/tmp/kv/{router}/shared", "--no-kv-cache-preload")
+    assert router_flags(flags, "ray") == ("--kv-shared-dir", "/tmp/kv/ray/shared", "--no-kv-cache-preload")

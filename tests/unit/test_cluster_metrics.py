@@ -26,7 +26,7 @@ def test_per_replica_and_cluster_figures() -> None:
     b = ReplicaStats(
         "b", pid=12, node_id="n2", num_waiting=1, num_prompt_tokens=1000, num_cached_prompt_tokens=100
     )
-    board.set_replicas({"a": a, "b": b}, {"a": 2}, now=0.0)
+    board.set_replicas({"a": a, "b": b}, {"a": 2}, now=0.0, sessions={"a": 3, "b": 1})
     board.count_decision("session", "a")
     board.count_decision("session", "a")
     board.count_decision("least_loaded", "b")
@@ -38,6 +38,9 @@ def test_per_replica_and_cluster_figures() -> None:
     assert samples[("kvserve_router_decisions_total", (("reason", "session"), ("replica", "a")))] == 2
     assert samples[("kvserve_replica_info", (("node_id", "n2"), ("pid", "12"), ("replica", "b")))] == 1
     assert samples[("kvserve_router_requests_in_flight", (("replica", "b"),))] == 0
+    assert samples[("kvserve_router_sessions", (("replica", "a"),))] == 3
+    board.set_replicas({"a": a, "b": b}, {}, now=1.0)  # sessions not counted this time: the last counts stay
+    assert _samples(board)[("kvserve_router_sessions", (("replica", "b"),))] == 1
 
 
 def test_replica_stats_round_trip_and_ignore_rays_default() -> None:

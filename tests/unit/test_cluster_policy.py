@@ -100,6 +100,9 @@ def test_silent_sessions_stop_counting_towards_load() -> None:
     policy = AffinityPolicy(PolicySettings(session_ttl_s=10))
     _turn(policy, _keys("a"), _replicas(0, 0), 0.0)
     assert policy.num_sessions("r0", 5.0) == 1 and policy.num_sessions("r0", 11.0) == 0
+    _turn(policy, _keys("b"), _replicas(1, 0), 8.0)
+    assert policy.session_counts(9.0) == {"r0": 1, "r1": 1}
+    assert policy.session_counts(12.0) == {"r1": 1}
 
 
 def test_prefix_index_is_bounded() -> None:

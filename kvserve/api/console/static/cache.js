@@ -1,6 +1,7 @@
 // Live KV-cache dashboard: polls /kvserve/v1/* while the Cache tab is visible.
 // Recent requests arrive incrementally (`after` = the last seq seen) and are prepended, never re-rendered.
 import { apiJson } from "./api.js";
+import { bar, el, num } from "./dom.js";
 
 // At 100 requests/s nobody reads every row: each poll fetches (and renders) the newest 50 at most.
 const REQUESTS_MS = 1000, CACHE_MS = 2000, CHECKPOINTS_MS = 5000, MAX_RECENT_ROWS = 100, MAX_NEW_ROWS = 50;
@@ -11,16 +12,6 @@ const timers = [];
 const stats = (window.kvserveConsoleStats = { requests: [], cache: [], checkpoints: [] });
 const $ = (id) => document.getElementById(id);
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (key === "class") node.className = value; else node.setAttribute(key, value);
-  }
-  node.append(...children);
-  return node;
-}
-
-const num = (n) => n.toLocaleString("en-US");
 const short = (id) => (id.length > 22 ? `${id.slice(0, 20)}…` : id);
 
 function bytes(n) {
@@ -39,14 +30,6 @@ function ago(seconds) {
 
 function badge(source) {
   return el("span", { class: `badge ${source}` }, source);
-}
-
-function bar(parts) {  // [[class, fraction], ...]
-  return el("div", { class: "bar" }, ...parts.map(([cls, f]) => {
-    const span = el("span", { class: cls });
-    span.style.width = `${(100 * Math.min(1, f)).toFixed(1)}%`;  // CSSOM: the CSP forbids style attributes
-    return span;
-  }));
 }
 
 // -- requests ----------------------------------------------------------------------------
