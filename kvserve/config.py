@@ -75,13 +75,24 @@ class SchedulerConfig:
 
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
+    # The step's budget while some sequence is decoding (its streams wait for the whole step);
+    # 0: max_num_batched_tokens. Only an automatic budget on CPU sets it lower (`resolve`).
+    max_tokens_with_decodes: int = 0
+
+    @property
+    def budget_with_decodes(self) -> int:
+        return self.max_tokens_with_decodes or self.max_num_batched_tokens
 
 
-# (max_num_seqs, max_num_batched_tokens) by device. CPU: a step's cost grows with every token, so a
-# small batch keeps latency low. CUDA: vLLM's serving defaults (256 sequences; an 8K-token step keeps
+# (max_num_seqs, max_num_batched_tokens, the budget while sequences decode) by device.
+# CPU: a step's cost grows with every token, so while streams decode a step stays at 512 tokens (their
+# inter-token latency); a prompt prefilled with nothing decoding goes 2,048 tokens a step (llama.cpp's
+# batch), which amortises each step's fixed costs (the prompt attention packs every visible key block
+# per call): a 12,500-token prefill 1.23x faster than 512-token steps on 2 AMX cores
+# (docs/benchmarks/history.md). CUDA: vLLM's serving defaults (256 sequences; an 8K-token step keeps
 # a burst of 512-token prompts from waiting behind each other for long): decode up to 256 streams is
 # nearly free on a GPU, and a small batch queues requests instead.
-DEVICE_SCHEDULER_DEFAULTS = {"cpu": (16, 512), "cuda": (256, 8192)}
+DEVICE_SCHEDULER_DEFAULTS = {"cpu": (16, 2048, 512), "cuda": (256, 8192, 8192)}
 
 
 @dataclass(frozen=True)
@@ -263,15 +274,28 @@ def _probe_file_weight_quant(model: str) -> str | None:
 
 
 def _scheduler_defaults(scheduler: SchedulerConfig, device: str) -> SchedulerConfig:
-    """Fill 0 (auto) fields with the device's defaults; an auto token budget is at least the batch."""
-    seqs, tokens = DEVICE_SCHEDULER_DEFAULTS["cuda" if device.startswith("cuda") else "cpu"]
+    """Fill 0 (auto) fields with the device's defaults; an auto token budget is at least the batch.
+    A budget given by hand holds for every step; an automatic one on CPU is smaller while sequences
+    decode."""
+    seqs, tokens, with_decodes = DEVICE_SCHEDULER_DEFAULTS["cuda" if device.startswith("cuda") else "cpu"]
     max_num_seqs = scheduler.max_num_seqs or seqs
-    max_num_batched_tokens = scheduler.max_num_batched_tokens or max(tokens, max_num_seqs)
-    if (max_num_seqs, max_num_batched_tokens) != (scheduler.max_num_seqs, scheduler.max_num_batched_tokens):
+    if scheduler.max_num_batched_tokens:
+        max_num_batched_tokens = scheduler.max_num_batched_tokens
+        budget_with_decodes = scheduler.budget_with_decodes
+    else:
+        max_num_batched_tokens = max(tokens, max_num_seqs)
+        budget_with_decodes = min(max(with_decodes, max_num_seqs), max_num_batched_tokens)
+    resolved = SchedulerConfig(
+        max_num_seqs,
+        max_num_batched_tokens,
+        0 if budget_with_decodes == max_num_batched_tokens else budget_with_decodes,
+    )
+    if resolved != scheduler:
         logger.info(
-            "scheduler auto -> --max-num-seqs %d --max-num-batched-tokens %d (device %s)",
+            "scheduler auto -> --max-num-seqs %d --max-num-batched-tokens %d%s (device %s)",
             max_num_seqs,
             max_num_batched_tokens,
+            f" ({budget_with_decodes} while sequences decode)" if resolved.max_tokens_with_decodes else "",
             device,
         )
-    return SchedulerConfig(max_num_seqs, max_num_batched_tokens)
+    return resolved

@@ -65,6 +65,12 @@ def main() -> None:
     )
     parser.add_argument("--configs", default="before,after")
     parser.add_argument(
+        "--chunk-sizes",
+        default="512",
+        help="prompt tokens per engine step (--max-num-batched-tokens), comma-separated: every config "
+        "runs at each (named CONFIG@N when more than one); the CPU default is 512",
+    )
+    parser.add_argument(
         "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="prompt rows' dtype"
     )
     parser.add_argument("--profile", action="store_true", help="the last round under torch.profiler: top ops")
@@ -76,8 +82,13 @@ def main() -> None:
     for item in args.tokenizer.iterdir():
         if item.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(item, folder / item.name)
+    chunk_sizes = [int(n) for n in args.chunk_sizes.split(",")]
     engines = {
-        name: _engine(folder, args.tokens, args.dtype == "bfloat16") for name in args.configs.split(",")
+        (f"{name}@{chunk}" if len(chunk_sizes) > 1 else name): _engine(
+            folder, args.tokens, args.dtype == "bfloat16", chunk
+        )
+        for name in args.configs.split(",")
+        for chunk in chunk_sizes
     }
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     for repeat in range(args.repeats):
@@ -85,7 +96,7 @@ def main() -> None:
         generator = torch.Generator().manual_seed(repeat)
         prompt = torch.randint(0, SMOLLM2["vocab_size"], (args.tokens,), generator=generator)
         for name, engine in engines.items():
-            with _attention(name):
+            with _attention(name.split("@")[0]):
                 request = engine.make_request(
                     f"{name}-{repeat}", prompt.tolist(), SamplingParams(temperature=0.0, max_tokens=1)
                 )
@@ -101,11 +112,12 @@ def main() -> None:
                 f"{name}: {seconds[name][-1]:.2f} s ({args.tokens / seconds[name][-1]:.1f} tok/s)", flush=True
             )
     best = {name: min(values) for name, values in seconds.items()}
-    if "after" in best:
+    if "after" in best or len(chunk_sizes) > 1:
+        base = "after" if "after" in best else next(iter(best))
         print(
             f"{args.tokens} tokens, {args.threads} threads, best of {args.repeats}: "
             + ", ".join(
-                f"{name} {value:.2f} s ({value / best['after']:.2f}x after)" for name, value in best.items()
+                f"{name} {value:.2f} s ({value / best[base]:.2f}x {base})" for name, value in best.items()
             )
         )
     if args.json is not None:
@@ -123,7 +135,7 @@ def _random_model(folder: Path, layers: int) -> None:
     model.save_pretrained(folder, safe_serialization=True)
 
 
-def _engine(folder: Path, tokens: int, bf16_prefill: bool) -> EngineCore:
+def _engine(folder: Path, tokens: int, bf16_prefill: bool, chunk: int = 512) -> EngineCore:
     config = EngineConfig(
         model=str(folder),
         dtype="float32",
@@ -131,7 +143,7 @@ def _engine(folder: Path, tokens: int, bf16_prefill: bool) -> EngineCore:
         weight_quant="int4",
         bf16_prefill=bf16_prefill,
         max_model_len=tokens + 64,
-        scheduler=SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=512),
+        scheduler=SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=chunk),
     )
     loaded = load_model(str(folder), torch.float32, progress=False, context=config.context_request)
     return EngineCore(config, loaded)

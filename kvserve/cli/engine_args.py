@@ -104,7 +104,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens",
         type=int,
         default=0,
-        help="token budget of one step (prefill chunk size; default 512 on CPU, 8192 on CUDA)",
+        help="token budget of one step (prefill chunk size; default on CPU 2048 with nothing decoding, "
+        "512 while sequences decode; 8192 on CUDA); a value given holds for every step",
     )
     g.add_argument("--block-size", type=int, default=d.cache.block_size, help="tokens per KV block")
     g.add_argument(

@@ -68,6 +68,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             max_num_seqs=config.scheduler.max_num_seqs,
             max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+            budget_with_decodes=config.scheduler.budget_with_decodes,
             kv_manager=self.kv_manager,
             max_model_len=self.max_model_len,
             keep_images_whole=self.image_model is not None and self.image_model.image_spans_bidirectional,

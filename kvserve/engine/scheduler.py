@@ -60,13 +60,16 @@ class Scheduler:
         long_prefill_token_threshold: int | None = None,
         keep_images_whole: bool = False,
         rope: OnDemandRope | None = None,
+        budget_with_decodes: int | None = None,
     ) -> None:
-        """`keep_images_whole`: the model attends both ways inside an image, so no prefill chunk and
+        """`budget_with_decodes`: the step's token budget while any running sequence has output
+        (its stream waits for the whole step); None: max_num_batched_tokens. `keep_images_whole`: the model attends both ways inside an image, so no prefill chunk and
         no prefix hit may end inside one (ImageInputModel.image_spans_bidirectional). `rope`: the
         rule of a model that scales RoPE on demand (rope_regime.py); None: one regime."""
         assert max_num_seqs > 0 and max_num_batched_tokens > 0 and max_model_len > 1
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.budget_with_decodes = min(budget_with_decodes or max_num_batched_tokens, max_num_batched_tokens)
         self.kv = kv_manager
         self.max_model_len = max_model_len
         # The pool never changes size: read per sampled token (token_limit), so computed once.
@@ -130,7 +133,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         aborted = self._apply_aborts()
-        plan = _StepPlan(token_budget=self.max_num_batched_tokens)
+        plan = _StepPlan(token_budget=self._step_budget())
         self._schedule_running(plan)
         # A step that had to preempt has no blocks to spare for newcomers.
         if not plan.preempted_ids:
@@ -138,6 +141,12 @@ class Scheduler:
         return SchedulerOutput(
             scheduled=plan.decodes + plan.prefills, preempted_ids=plan.preempted_ids, aborted=aborted
         )
+
+    def _step_budget(self) -> int:
+        budget = self.max_num_batched_tokens
+        if self.budget_with_decodes < budget and any(request.output_token_ids for request in self.running):
+            return self.budget_with_decodes  # a stream is waiting on this step: keep it short
+        return budget
 
     def update(self, scheduler_output: SchedulerOutput, runner_output: RunnerOutput) -> list[EngineOutput]:
         """Apply one step's results; returns the outputs of requests that got a token or ended."""

@@ -145,6 +145,27 @@ def test_decodes_keep_running_while_a_long_prompt_prefills_in_chunks() -> None:
     assert num_prefill_steps == -(-5000 // 511)
 
 
+def test_a_prompt_alone_takes_the_full_budget_and_a_decoding_stream_keeps_steps_short() -> None:
+    """The CPU default: 2,048 tokens a step while nothing decodes, 512 while a stream waits on it."""
+    scheduler, runner = make_scheduler(budget=2048, budget_with_decodes=512)
+    scheduler.add_request(make_request("first", random_tokens(5000, 4), max_tokens=3))
+    chunks = []
+    while not scheduler.num_running or not scheduler.running[0].output_token_ids:
+        plan, _ = step(scheduler, runner)
+        chunks += [s.num_new_tokens for s in plan.scheduled]
+    assert chunks == [2048, 2048, 904]
+    scheduler.add_request(make_request("second", random_tokens(1500, 5), max_tokens=1))
+    plan, _ = step(scheduler, runner)  # "first" decodes: the step keeps to 512 tokens
+    assert [(s.request.request_id, s.num_new_tokens) for s in plan.scheduled] == [
+        ("first", 1),
+        ("second", 511),
+    ]
+    run_to_completion(scheduler, runner)
+    scheduler.add_request(make_request("third", random_tokens(3000, 6), max_tokens=1))
+    plan, _ = step(scheduler, runner)  # alone again: the full budget
+    assert [s.num_new_tokens for s in plan.scheduled] == [2048]
+
+
 def test_long_prefill_token_threshold_caps_each_chunk() -> None:
     scheduler, runner = make_scheduler(budget=512, long_prefill_token_threshold=100)
     scheduler.add_request(make_request("long", random_tokens(450, 3), max_tokens=1))
