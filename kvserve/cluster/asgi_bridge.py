@@ -81,9 +81,10 @@ async def stream_asgi(
     task = asyncio.create_task(app(_scope(request), receive, send))
     task.add_done_callback(lambda _: outbox.put_nowait(None))
     finished = False
+    held: list[Message | None] = []  # a message taken while joining bodies, not a body itself
     try:
         while True:
-            message = await outbox.get()
+            message = held.pop() if held else await outbox.get()
             if message is None:
                 task.result()  # the app's own exception, if it raised past its handlers
                 raise RuntimeError("the app returned without finishing its response")
@@ -91,15 +92,36 @@ async def stream_asgi(
                 headers = tuple((bytes(k), bytes(v)) for k, v in message.get("headers", ()))
                 yield ReplyHead(message["status"], headers, replica_tag)
             elif message["type"] == "http.response.body":
-                if message.get("body"):
-                    yield bytes(message["body"])
-                if not message.get("more_body", False):
+                body, more = _join_queued_bodies(message, outbox, held)
+                if body:
+                    yield body
+                if not more:
                     finished = True
                     return
     finally:
         disconnected.set()
         if not finished:
             await _wind_down(task)
+
+
+def _join_queued_bodies(
+    message: Message, outbox: asyncio.Queue[Message | None], held: list[Message | None]
+) -> tuple[bytes, bool]:
+    """The body of `message` and of the body messages already queued behind it, as one piece, and
+    whether more follows. Each piece is one item of Ray's stream, which costs the cluster ~1 ms of CPU
+    (docs/cluster.md): when the stream falls behind the app (a busy host), the SSE events waiting are
+    sent together; nothing waits for more, so a stream that keeps up is sent event by event. A
+    message that is not a body is put in `held` for the caller."""
+    body = bytearray(message.get("body") or b"")
+    more = message.get("more_body", False)
+    while more and not outbox.empty():
+        queued = outbox.get_nowait()
+        if queued is None or queued["type"] != "http.response.body":
+            held.append(queued)
+            break
+        body += queued.get("body") or b""
+        more = queued.get("more_body", False)
+    return bytes(body), more
 
 
 async def _wind_down(task: asyncio.Task[None]) -> None:

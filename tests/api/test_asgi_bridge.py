@@ -3,6 +3,7 @@ request, streamed piece by piece, and closing it early aborts the engine request
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -56,6 +57,24 @@ async def test_a_stream_arrives_piece_by_piece() -> None:
     head, chunks = await _pieces(harness.app, request)
     frames = parse_sse(b"".join(chunks).decode())
     assert head.status == 200 and len(chunks) >= len(frames) - 2 > 10  # not one buffered body
+
+
+async def test_a_consumer_that_falls_behind_gets_the_waiting_events_in_one_piece() -> None:
+    """Ray's stream costs CPU per item: events queued while its consumer was busy go together, and
+    the bytes are those of a consumer that keeps up."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    fast = make_harness(FakeEngine(reply("abcdefghij" * 3), token_delay_s=0.01))
+    _, fast_chunks = await _pieces(fast.app, _forwarded("/v1/chat/completions", body))
+    slow = make_harness(FakeEngine(reply("abcdefghij" * 3), token_delay_s=0.01))
+    slow_chunks = []
+    async for piece in stream_asgi(slow.app, _forwarded("/v1/chat/completions", body), "tag1"):
+        if isinstance(piece, bytes):
+            slow_chunks.append(piece)
+        await asyncio.sleep(0.1)  # a busy consumer: ~10 events wait each time
+    assert _IDS.sub(b"", b"".join(slow_chunks)) == _IDS.sub(b"", b"".join(fast_chunks))
+    assert len(slow_chunks) * 3 < len(fast_chunks), (len(slow_chunks), len(fast_chunks))
+    await fast.http.aclose()
+    await slow.http.aclose()
 
 
 async def test_closing_the_stream_aborts_the_engine_request() -> None:
