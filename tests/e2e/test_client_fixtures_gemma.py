@@ -1,9 +1,9 @@
 """A first request of a real coding client (tests/fixtures/clients) served by Gemma 3 270M at its
 trained 32K context (`--ctx 32768`): a complete, well-formed stream through Gemma's own chat
 template. The long fixtures (Claude Code 2.1.332, ~12.8K tokens; Codex 0.171.0, ~9.1K) are served
-by the default model in test_client_fixtures_smollm2_{claude,codex}.py: on Gemma they cost ~4 minutes of CPU
-prefill for no path that test does not already take, so Gemma gets the short one (Claude Code
-2.1.197 `--bare`, tools and system rendered)."""
+by the default model in test_real_clients.py (live, or recorded where the clients cannot run): on
+Gemma they cost ~4 minutes of CPU prefill for no path that test does not already take, so Gemma
+gets the short one (Claude Code 2.1.197 `--bare`, tools and system rendered)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,11 @@ Each client runs in two set-ups: its default one, as a user installs it (Claude 
 its slim one (Claude Code `--bare`; Codex with short instructions and no multi-agent, goal or
 web-search tools; 1-2K tokens). A recording proxy between client and server keeps every exchange.
 Figures: docs/clients.md.
+
+Where a client cannot be installed (no Node or npm, no registry), its recorded first request
+(tests/fixtures/clients: ~12.8K tokens for Claude Code, ~9.1K for Codex, past SmolLM2's trained
+8,192) goes to the same server instead, so that serving it is checked everywhere; where the client
+runs, its default set-up's first request is that request, live, and the recording adds nothing.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ from pathlib import Path
 import pytest
 
 from kvserve.models.aliases import list_known_models
-from tests.npm_clients import CLAUDE_CODE, CODEX, installed_client
+from tests.e2e.client_fixtures import check_claude_code_stream, check_codex_stream, post_fixture
+from tests.npm_clients import CLAUDE_CODE, CODEX, NpmClient, installed_client
 from tests.recording_proxy import Exchange, RecordingProxy, recording_proxy
 from tests.serve_process import running_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 QUESTION = "What is the capital of France?"
+TRAINED_CONTEXT = 8192  # SmolLM2's; make serve's --ctx 16384 runs it past that with YaRN x2
 MIN_CACHED_FRACTION = 0.95
 SETUPS = ["default", "slim"]
 
@@ -109,6 +116,8 @@ def test_claude_code_twice(claude: Path, served: Proxied, tmp_path: Path, setup:
     ]
     _report(f"claude-code ({setup})", runs)
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
+    if setup == "default":  # served past the trained context (the recording's check, live)
+        assert runs[0].num_prompt_tokens > TRAINED_CONTEXT, runs[0]
 
 
 @pytest.mark.parametrize("setup", SETUPS)
@@ -125,6 +134,33 @@ def test_codex_twice(codex: Path, served: Proxied, tmp_path: Path, setup: str) -
     ]
     _report(f"codex ({setup})", runs)
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
+    if setup == "default":
+        assert runs[0].num_prompt_tokens > TRAINED_CONTEXT, runs[0]
+
+
+def test_claude_codes_recorded_first_request_where_it_cannot_run(
+    clients_cache: Path, served: Proxied
+) -> None:
+    _skip_where_it_runs(CLAUDE_CODE, clients_cache)
+    frames = post_fixture(
+        served.url, "/v1/messages?beta=true", "claude-code-2.1.332_messages.json", max_tokens=8
+    )
+    check_claude_code_stream(frames, min_prompt_tokens=TRAINED_CONTEXT)
+
+
+def test_codexs_recorded_first_request_where_it_cannot_run(clients_cache: Path, served: Proxied) -> None:
+    _skip_where_it_runs(CODEX, clients_cache)
+    frames = post_fixture(served.url, "/v1/responses", "codex-0.171.0_responses.json", max_output_tokens=8)
+    check_codex_stream(frames, min_prompt_tokens=TRAINED_CONTEXT)
+
+
+def _skip_where_it_runs(client: NpmClient, clients_cache: Path) -> None:
+    """A skip where `client` installs: its live default run above sent the same first request."""
+    try:
+        installed_client(client, clients_cache)
+    except pytest.skip.Exception:
+        return
+    pytest.skip(f"{client.spec} runs here: its default set-up's live first request is checked above")
 
 
 def codex_config(base_url: str, codex_home: Path, slim: bool = False) -> str:

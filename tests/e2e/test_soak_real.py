@@ -1,4 +1,4 @@
-"""`kvserve bench soak` for one minute against a `make serve` server (SmolLM2, 16K context) it launches:
+"""`kvserve bench soak` for half a minute against a `make serve` server (SmolLM2, 16K context) it launches:
 a handful of streaming clients over the three APIs, half of their requests cut at random points.
 Asserts the issue's figures: no 5xx, nothing hung or failed, KV blocks back to idle, no leaked
 descriptors, RSS within idle + pool + overhead. TTFT drift is reported, not asserted here: the test
@@ -14,7 +14,7 @@ import pytest
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 
-def test_one_minute_soak(tmp_path: Path) -> None:
+def test_half_minute_soak(tmp_path: Path) -> None:
     from kvserve.cli.main import main
     from kvserve.models.aliases import list_known_models
 
@@ -26,7 +26,7 @@ def test_one_minute_soak(tmp_path: Path) -> None:
         "--clients",
         "4",
         "--duration",
-        "60",
+        "30",
         "--disconnect-share",
         "0.5",
         "--tool-share",

@@ -29,8 +29,9 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
-# Ragged sizes (not multiples of any block) and a longer K that takes several loop steps.
-SHAPES = [(37, 96), (64, 640), (300, 2048)]
+# Ragged sizes (not multiples of any block) and a longer K that takes several loop steps. N stays
+# small: the CPU interpreter runs each block of rows as a program of its own, in Python.
+SHAPES = [(37, 96), (64, 640), (45, 2048)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, _BF16])
@@ -159,7 +160,9 @@ def test_greedy_argmax_equals_argmax_with_ties(vocab: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, _BF16])
-@pytest.mark.parametrize(("n", "k"), [(37, 96), (1000, 640)])
+# 600 rows: 150 programs of the interpreter's 4 rows, more than the 128 slots, so some merge their
+# best into a slot another program already holds; K 160: a loop step and a ragged tail.
+@pytest.mark.parametrize(("n", "k"), [(37, 96), (600, 160)])
 def test_logits_argmax_is_the_head_and_its_argmax(dtype: torch.dtype, n: int, k: int) -> None:
     x, w = _rand(1, k, dtype=dtype), _rand(n, k, dtype=dtype, scale=k**-0.5)
     slots = gemv.empty_argmax_slots(x.device)
