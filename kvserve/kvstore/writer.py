@@ -60,14 +60,21 @@ class CheckpointWriter:
         if self._closed:
             self.stats.num_dropped += 1
             return False
+        # Before the put, so that it precedes the writer's outcome line (the crash harness reads the
+        # log as the writer's queue: which save a kill -9 cut).
+        meta = job.meta
+        logger.info(
+            "kvstore: queued %s checkpoint %s (%d tokens)", meta.reason, meta.checkpoint_id, meta.num_tokens
+        )
         try:
             self._queue.put(job, block=block)
         except queue.Full:
             self.stats.num_dropped += 1
             logger.warning(
-                "kvstore: writer busy, dropping %s checkpoint of %d tokens",
-                job.meta.reason,
-                job.meta.num_tokens,
+                "kvstore: writer busy, dropping %s checkpoint %s of %d tokens",
+                meta.reason,
+                meta.checkpoint_id,
+                meta.num_tokens,
             )
             return False
         return True

@@ -32,3 +32,25 @@ def test_a_few_kill_9_rounds_lose_nothing_reported_saved_and_load_nothing_corrup
     report = json.loads(report_path.read_text())
     assert report["failures"] == [] and run.returncode == 0, report
     assert report["rounds"] == 3
+
+
+@pytest.mark.timeout(2400)
+def test_kills_aimed_at_evictions_lose_nothing_reported_saved(tmp_path: Path) -> None:
+    """--evictions for two rounds: a RAM pool of one context, so the second life's turns reuse each
+    other's blocks and the disk tier writes `evict` checkpoints (and deletes older ones over its
+    budget) while the kill is aimed at them."""
+    report_path = tmp_path / "report.json"
+    command = [sys.executable, "scripts/crash_harness.py", "--evictions", "--rounds", "2", "--seed", "5"]
+    run = subprocess.run(
+        [*command, "--work-dir", str(tmp_path / "work"), "--json", str(report_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=2300,
+        check=False,
+    )
+    assert report_path.exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["failures"] == [] and run.returncode == 0, report
+    assert report["rounds"] == 2
+    assert report["checkpoints_queued"].get("evict", 0) >= 1, report  # the pool did evict
