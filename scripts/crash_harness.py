@@ -26,7 +26,15 @@ is prefilled KV, which a cold server computes alike. The report (JSON with --jso
 kills by window, kills that cut a write or delete short (orphans found at step 1), loads checked
 against the cold server, and every failure; the exit status is 1 when there is any.
 
+`--evictions` aims the kills at evictions instead: a RAM pool of one context and up to three plain
+turns of distinct conversations a life, so each turn reuses the blocks of the one before and the disk
+tier saves them first (`evict`), while those saves delete older checkpoints over the disk budget; the
+kill follows the log line that starts the target (`kvstore: queued evict checkpoint`, `kvstore:
+evicting checkpoint`) by a random part of its length, and each kill is classified by the save it cut
+(the writer's queue, read from the log) and whether it left a deletion half done.
+
     .venv/bin/python scripts/crash_harness.py --rounds 100 --json crash.json
+    .venv/bin/python scripts/crash_harness.py --evictions --rounds 100 --write-delay-ms 300 --json crash.json
 """
 
 from __future__ import annotations
