@@ -62,6 +62,9 @@ class KVStoreConfig:
     continued_interval_tokens: int = 10000  # rounded up to align_tokens: frontiers every 10,240 tokens
     align_tokens: int = 2048  # cold checkpoints without a chat boundary are cut to a multiple of this
     max_pending_saves: int = 4  # checkpoints copied out and waiting for the writer thread
+    # ... and the bytes of their copies (one save is always taken when none is pending): a bound in
+    # memory whatever the context length and the model's KV per token.
+    max_pending_save_mb: int = 256
     # At start-up, read the most recently used checkpoints into the RAM pool (up to this fraction of
     # it) as free cached blocks, so a restart's first request finds its prefix in RAM instead of
     # reading it from disk on its critical path. 0 turns it off.

@@ -26,7 +26,15 @@ is prefilled KV, which a cold server computes alike. The report (JSON with --jso
 kills by window, kills that cut a write or delete short (orphans found at step 1), loads checked
 against the cold server, and every failure; the exit status is 1 when there is any.
 
+`--evictions` aims the kills at evictions instead: a RAM pool of one context and up to three plain
+turns of distinct conversations a life, so each turn reuses the blocks of the one before and the disk
+tier saves them first (`evict`), while those saves delete older checkpoints over the disk budget; the
+kill follows the log line that starts the target (`kvstore: queued evict checkpoint`, `kvstore:
+evicting checkpoint`) by a random part of its length, and each kill is classified by the save it cut
+(the writer's queue, read from the log) and whether it left a deletion half done.
+
     .venv/bin/python scripts/crash_harness.py --rounds 100 --json crash.json
+    .venv/bin/python scripts/crash_harness.py --evictions --rounds 100 --write-delay-ms 300 --json crash.json
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import random
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -62,8 +71,17 @@ SERVE_ARGS = [
     *("--ctx", "2048", "--weight-quant", "none", "--max-num-seqs", "4"),
     *("--kv-cache-memory-mb", "96", "--kv-cache-budget-mb", "40"),
 ]
+# --evictions: the RAM pool at its floor, one context (a 1 MiB ask is raised to 65 blocks, 1,040
+# tokens, at --ctx 1024, which a conversation below MAX_CONVERSATION_CHARS fits), so a life's second
+# conversation reuses the blocks of the first, which the disk tier saves first (`evict`); the same
+# 40 MiB disk budget, so those saves evict older checkpoints too.
+EVICTION_SERVE_ARGS = [
+    *("--ctx", "1024", "--weight-quant", "none", "--max-num-seqs", "4"),
+    *("--kv-cache-memory-mb", "1", "--kv-cache-budget-mb", "40"),
+]
+MAX_TURNS_PER_EVICTION_LIFE = 3
 MAX_TOKENS = 8
-MAX_CONVERSATION_CHARS = 5200  # ~1,600 tokens of SmolLM2's: a turn more still fits --ctx 2048
+MAX_CONVERSATION_CHARS = 5200  # ~850 tokens of SmolLM2's: a turn more still fits --ctx 1024
 # One line of words, not a list literal: ruff's SIM905 prefers a list, which would be 35 lines.
 WORDS = (  # noqa: SIM905
     "river stone garden window market lantern engine harbor forest signal paper orbit copper winter "
@@ -74,6 +92,9 @@ WORDS = (  # noqa: SIM905
 STORED = re.compile(r"kvstore: stored (\w+) checkpoint ([0-9a-f]{40})")
 DELETED = re.compile(r"kvstore: (evicting|deleting) checkpoint ([0-9a-f]{40})")
 CORRUPT = re.compile(r"kvstore: removing checkpoint ([0-9a-f]{40}): (.*)")
+QUEUED = re.compile(r"kvstore: queued (\w+) checkpoint ([0-9a-f]{40}) \((\d+) tokens\)")
+EVICTING = re.compile(r"kvstore: evicting checkpoint ([0-9a-f]{40})")
+CHECKPOINT_ID = re.compile(r"\b[0-9a-f]{40}\b")
 FROM_DISK = re.compile(r"request (\S+): (\d+) prompt tokens: \d+ from RAM, (\d+) from disk checkpoint")
 
 
@@ -83,11 +104,21 @@ class Ledger:
 
     live: dict[str, str] = field(default_factory=dict)  # checkpoint id -> reason
     stored_by_reason: dict[str, int] = field(default_factory=dict)
+    queued_by_reason: dict[str, int] = field(default_factory=dict)  # saves the engine handed the writer
     num_evicted: int = 0  # over the disk budget
     num_superseded: int = 0  # an agent session's previous turn
     num_disk_loads: int = 0
     corrupt: list[str] = field(default_factory=list)  # "id: why" of every corrupt entry a server met
     offsets: dict[Path, int] = field(default_factory=dict)  # how far each log has been read
+    # The current life's writer queue, read from the log: (id, reason) queued and without an outcome
+    # line yet, oldest (the one being written) first; and the checkpoints its head save is evicting.
+    pending: list[tuple[str, str]] = field(default_factory=list)
+    deleting: list[str] = field(default_factory=list)
+
+    def new_life(self) -> None:
+        """A kill ends the writer with its queue: what was pending is simply never stored."""
+        self.pending.clear()
+        self.deleting.clear()
 
     def read_log(self, log: Path) -> None:
         """The lines `log` gained since the last call (whole lines only)."""
@@ -100,6 +131,7 @@ class Ledger:
 
     def read(self, log_text: str) -> None:
         for line in log_text.splitlines():
+            self.read_queue(line)
             if stored := STORED.search(line):
                 reason = stored.group(1)
                 self.live[stored.group(2)] = reason
@@ -115,6 +147,22 @@ class Ledger:
                 self.live.pop(corrupt.group(1), None)
             elif FROM_DISK.search(line):
                 self.num_disk_loads += 1
+
+    def read_queue(self, line: str) -> None:
+        """The writer is one thread, first in first out: any later line naming a queued id (stored,
+        not stored, dropped, failed) is its outcome, and that of every save queued before it."""
+        if queued := QUEUED.search(line):
+            reason = queued.group(1)
+            self.pending.append((queued.group(2), reason))
+            self.queued_by_reason[reason] = self.queued_by_reason.get(reason, 0) + 1
+        elif (evicting := EVICTING.search(line)) and self.pending:
+            self.deleting.append(evicting.group(1))
+        else:
+            ids = [i for i, _ in self.pending]
+            named = [ids.index(i) for i in CHECKPOINT_ID.findall(line) if i in ids]
+            if named:
+                del self.pending[: max(named) + 1]
+                self.deleting.clear()
 
 
 @dataclass
@@ -142,8 +190,16 @@ class Report:
     kills_mid_request: int = 0
     kills_after_response: int = 0
     kills_cutting_a_write: int = 0  # the directory held temp files or orphan chunks after the kill
+    # Where each kill landed, from the log (the writer's queue) and the directory:
+    kills_in_evict_save: int = 0  # an `evict` save (the RAM pool's) queued or being written
+    kills_in_other_save: int = 0  # a cold / agent_session / continued save queued or being written
+    kills_in_disk_eviction: int = 0  # a save had begun deleting checkpoints over the disk budget
+    kills_cutting_a_deletion: int = 0  # of those: a victim's manifest gone, its index row still there
+    kills_with_no_save_in_flight: int = 0
+    eviction_targets: dict[str, int] = field(default_factory=dict)  # --evictions: aimed at -> kills
     turns_completed: int = 0
     loads_checked: int = 0  # answers from stored KV compared with the cold server's
+    checkpoints_queued: dict[str, int] = field(default_factory=dict)  # by reason
     checkpoints_stored: dict[str, int] = field(default_factory=dict)  # by reason
     checkpoints_evicted: int = 0
     checkpoints_superseded: int = 0
@@ -164,7 +220,7 @@ def free_port() -> int:
 
 
 def start_server(
-    cache: Path, log: Path, delay_ms: float, preload: bool
+    cache: Path, log: Path, delay_ms: float, preload: bool, serve_args: Sequence[str]
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     command = [sys.executable, "-m", "kvserve", "serve", "--port", str(port), "--kv-cache-dir", str(cache)]
@@ -172,7 +228,7 @@ def start_server(
         command.append("--no-kv-cache-preload")
     env = {**os.environ, "PYTHONPATH": str(REPO), "KVSERVE_KV_WRITE_DELAY_MS": str(delay_ms)}
     with log.open("ab") as out:
-        process = subprocess.Popen([*command, *SERVE_ARGS], cwd=REPO, env=env, stdout=out, stderr=out)
+        process = subprocess.Popen([*command, *serve_args], cwd=REPO, env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900  # a shared, loaded machine can take minutes
     while process.poll() is None and time.monotonic() < deadline:
@@ -213,12 +269,62 @@ def chat(url: str, conversation: Conversation, question: str, *, save: bool = Tr
     return reply.json()
 
 
+class LogTail:
+    """The whole lines a server's log gains, as they come (to aim a kill at a step it logs)."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.offset = log.stat().st_size
+
+    def new_lines(self) -> list[str]:
+        with self.log.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return data[:end].decode(errors="replace").splitlines()
+
+
+def is_deletion_cut(cache: Path, checkpoint_id: str) -> bool:
+    """Whether a kill left this checkpoint half deleted: its manifest gone (a delete's first step)
+    while the index still lists it (its last steps: index row, then unused chunks)."""
+    for index in cache.glob("*/index.sqlite"):
+        if (index.parent / "checkpoints" / f"{checkpoint_id}.kvm").exists():
+            continue
+        with contextlib.closing(sqlite3.connect(f"file:{index}?mode=ro", uri=True)) as db:
+            query = "SELECT 1 FROM checkpoints WHERE checkpoint_id = ?"
+            if db.execute(query, (checkpoint_id,)).fetchone() is not None:
+                return True
+    return False
+
+
+def aim_window(tail: LogTail, target: str, delay_s: float, done: threading.Event) -> float | None:
+    """Wait for the log line that starts the target; the seconds it lasts at most, or None if the
+    turns ended (and 1.5 s more passed) without it."""
+    ended_at = None
+    while ended_at is None or time.monotonic() < ended_at + 1.5:
+        for line in tail.new_lines():
+            queued = QUEUED.search(line)
+            if target == "evict_save" and queued and queued.group(1) == "evict":
+                return (int(queued.group(3)) / 256 + 2) * delay_s  # ~a pause per chunk, +manifest
+            if target == "deletion" and EVICTING.search(line):
+                return delay_s
+        if ended_at is None and done.is_set():
+            ended_at = time.monotonic()
+        time.sleep(0.01)
+    return None
+
+
 class Harness:
-    def __init__(self, work: Path, seed: int, delay_ms: float, reference_url: str) -> None:
+    def __init__(
+        self, work: Path, seed: int, delay_ms: float, reference_url: str, evictions: bool = False
+    ) -> None:
         self.work = work
         self.cache = work / "kv"
         self.rng = random.Random(seed)
         self.delay_ms = delay_ms
+        self.evictions = evictions
+        self.last_checked_round = -1
         self.reference_url = reference_url
         self.ledger = Ledger()
         self.report = Report()
@@ -237,15 +343,20 @@ class Harness:
 
     def turn(self, url: str, round_: int, conversation: Conversation) -> None:
         """One completed turn; a conversation's first turn in this life that came from stored KV is
-        checked against the cold server."""
+        checked against the cold server (with --evictions, the first such turn of the life)."""
         question = (
             f"In one word: which word comes first in note {len(conversation.turns)}? {words(self.rng, 25)}"
         )
         started = time.monotonic()
-        document = chat(url, conversation, question)
+        # --evictions: plain requests, as most clients send; a turn's own agent_session save would
+        # store the same tokens its `evict` save later finds stored.
+        document = chat(url, conversation, question, save=not self.evictions)
         self.turn_seconds = [*self.turn_seconds[-9:], time.monotonic() - started]
         cached = document["usage"]["prompt_tokens_details"]["cached_tokens"]
-        if round_ not in conversation.rounds_served and conversation.turns and cached:
+        # --evictions checks one a life (the cold server's prefill is a second turn's worth of CPU).
+        is_checked = not self.evictions or self.last_checked_round != round_
+        if round_ not in conversation.rounds_served and conversation.turns and cached and is_checked:
+            self.last_checked_round = round_
             reference = chat(self.reference_url, conversation, question, save=False)
             answer = document["choices"][0]["message"]["content"]
             expected = reference["choices"][0]["message"]["content"]
@@ -290,21 +401,82 @@ class Harness:
     def run_round(self, round_: int) -> None:
         self.check_before_start(round_)
         log = self.work / f"server-{round_:03d}.log"
+        serve_args = EVICTION_SERVE_ARGS if self.evictions else SERVE_ARGS
         try:
-            process, url = start_server(self.cache, log, self.delay_ms, preload=round_ % 2 == 0)
+            process, url = start_server(self.cache, log, self.delay_ms, round_ % 2 == 0, serve_args)
         except RuntimeError as error:  # a directory a server cannot open is a failure; go on
             self.fail(round_, str(error))
             return
         try:
             self.ledger.read_log(log)  # the start's repairs and evictions
             self.check_after_start(round_)
-            for _ in range(self.rng.randint(0, 1)):
-                self.turn(url, round_, self.conversation())
-            self.last_turn_and_kill(url, round_, process)
+            if self.evictions:
+                self.eviction_life(url, round_, process, log)
+            else:
+                for _ in range(self.rng.randint(0, 1)):
+                    self.turn(url, round_, self.conversation())
+                self.last_turn_and_kill(url, round_, process)
         finally:
             process.kill()
             process.wait()
         self.ledger.read_log(log)
+        self.record_kill_site()
+
+    def record_kill_site(self) -> None:
+        """Which save the kill cut (the head of the writer's queue in the log), whether that save
+        had begun deleting checkpoints over the budget, and whether a deletion is left half done."""
+        report, ledger = self.report, self.ledger
+        if not ledger.pending:
+            report.kills_with_no_save_in_flight += 1
+        else:
+            report.kills_in_evict_save += ledger.pending[0][1] == "evict"
+            report.kills_in_other_save += ledger.pending[0][1] != "evict"
+            if ledger.deleting:
+                report.kills_in_disk_eviction += 1
+                report.kills_cutting_a_deletion += any(
+                    is_deletion_cut(self.cache, i) for i in ledger.deleting
+                )
+        ledger.new_life()
+
+    def conversations_for_life(self, num: int) -> list[Conversation]:
+        """`num` distinct conversations (each one's first turn of the life is checked if it loads)."""
+        self.conversations = [c for c in self.conversations if c.num_chars() < MAX_CONVERSATION_CHARS]
+        picked: list[Conversation] = []
+        for _ in range(num):
+            fresh = [c for c in self.conversations if c not in picked]
+            if not fresh or self.rng.random() < 0.15:
+                self.num_made += 1
+                fresh = [Conversation(f"conv-{self.num_made}", words(self.rng, 480) + ".")]
+                self.conversations += fresh
+            picked.append(self.rng.choice(fresh))
+        return picked
+
+    def eviction_life(self, url: str, round_: int, process: subprocess.Popen[bytes], log: Path) -> None:
+        """--evictions: turns of distinct conversations on a thread (the small pool makes each reuse
+        the blocks of earlier ones), and kill -9 aimed at a random point of whichever the round picks:
+        an `evict` save (from its queued line to about its end: a pause per chunk and the manifest) or
+        a disk-tier deletion (the pause between a victim's manifest and its chunks). After the last
+        turn, +1.5 s, if none came."""
+        target = self.rng.choice(("evict_save", "deletion"))
+        tail = LogTail(log)
+        done = threading.Event()
+
+        def run() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # a kill mid-request: expected
+                for conversation in self.conversations_for_life(MAX_TURNS_PER_EVICTION_LIFE):
+                    self.turn(url, round_, conversation)
+            done.set()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        window = aim_window(tail, target, self.delay_ms / 1000, done)
+        hit = window is not None
+        key = f"{target} {'aimed at' if hit else 'never came'}"
+        self.report.eviction_targets[key] = self.report.eviction_targets.get(key, 0) + 1
+        if window is not None:
+            time.sleep(self.rng.uniform(0, window))
+        process.send_signal(signal.SIGKILL)
+        thread.join(60)
 
     def last_turn_and_kill(self, url: str, round_: int, process: subprocess.Popen[bytes]) -> None:
         """A turn on a thread, and kill -9 at a random point: mid-request, or up to ~1.5 s after its
@@ -351,6 +523,7 @@ class Harness:
         ledger = self.ledger
         return replace(
             self.report,
+            checkpoints_queued=dict(ledger.queued_by_reason),
             checkpoints_stored=dict(ledger.stored_by_reason),
             checkpoints_evicted=ledger.num_evicted,
             checkpoints_superseded=ledger.num_superseded,
@@ -361,14 +534,14 @@ class Harness:
 
 
 @contextlib.contextmanager
-def reference_server() -> Iterator[str]:
+def reference_server(serve_args: Sequence[str]) -> Iterator[str]:
     """The same model and flags without the disk tier, in this process: the cold answers."""
     from kvserve.cli.embedded import embedded_server
     from kvserve.cli.serve import add_serve_args
 
     parser = argparse.ArgumentParser()
     add_serve_args(parser)
-    with embedded_server(parser.parse_args([*SERVE_ARGS, "--no-kv-cache"])) as url:
+    with embedded_server(parser.parse_args([*serve_args, "--no-kv-cache"])) as url:
         yield url
 
 
@@ -381,14 +554,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-delay-ms", type=float, default=40.0, help="KVSERVE_KV_WRITE_DELAY_MS")
     parser.add_argument("--work-dir", type=Path, help="keep the cache and the server logs here")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument(
+        "--evictions",
+        action="store_true",
+        help="aim the kills at the RAM pool's `evict` saves and the disk tier's deletions (a pool at "
+        "its floor, up to 4 plain turns a life)",
+    )
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         work = args.work_dir or Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="kvserve-crash-"))
         )
         work.mkdir(parents=True, exist_ok=True)
-        url = stack.enter_context(reference_server())
-        report = Harness(work, args.seed, args.write_delay_ms, url).run(args.rounds, args.json)
+        # --evictions: the cold server keeps every conversation's prefix in a RAM pool of its own size
+        # (prompt KV it computed itself, never loaded), so a check prefills only the new turn.
+        reference_args = (
+            [*EVICTION_SERVE_ARGS, "--kv-cache-memory-mb", "512"] if args.evictions else SERVE_ARGS
+        )
+        url = stack.enter_context(reference_server(reference_args))
+        harness = Harness(work, args.seed, args.write_delay_ms, url, evictions=args.evictions)
+        report = harness.run(args.rounds, args.json)
     text = json.dumps(asdict(report), indent=2)
     print(text)
     if args.json:

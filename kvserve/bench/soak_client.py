@@ -30,6 +30,9 @@ class Outcome(enum.Enum):
     OK = "ok"
     CUT = "cut"  # the client disconnected on purpose
     HTTP_4XX = "http_4xx"
+    # The server's 409 by design: tool results for a call it made whose live sequence it no longer
+    # holds (evicted, or a restart), sent without the call; the client replays the history, as told.
+    CONFLICT = "conflict"
     HTTP_5XX = "http_5xx"
     HUNG = "hung"  # no complete answer before the deadline
     FAILED = "failed"  # a transport error or an incomplete stream the client did not cause
@@ -66,7 +69,9 @@ class CutPlan:
 class RequestRecord:
     client_id: int
     api: SoakApi
-    kind: str  # "first", "tool_call", "tool_result", "chained", "followup"; "+retry" when resent after a cut
+    # "first", "tool_call", "tool_result", "chained", "followup"; "+retry" when resent after a cut,
+    # "+replay" when resent with the whole history after a conflict
+    kind: str
     started_s: float  # since the run began
     duration_s: float
     outcome: Outcome
@@ -75,6 +80,20 @@ class RequestRecord:
     cut: CutPoint | None = None  # what was planned
     cut_stage: str | None = None  # where it landed: "no_response", "prefill", "stream"
     error: str | None = None
+
+
+# The message of kvserve's only 409 (serving/tool_continuation.py), in Responses' and Anthropic's words.
+CONTINUATION_GONE = "continuation state is not available; retry by replaying the full"
+
+
+def classify_status(status: int, error_body: str | None) -> Outcome:
+    """A non-200 answer: the continuation-gone 409 is an expected conflict (the protocol's way to ask
+    for the full history); any other 4xx, a 409 included, is a failure of the run, as a 5xx is."""
+    if status >= 500:
+        return Outcome.HTTP_5XX
+    if status == 409 and CONTINUATION_GONE in (error_body or ""):
+        return Outcome.CONFLICT
+    return Outcome.HTTP_4XX
 
 
 def plan_conversation(rng: random.Random, api: SoakApi, mix: SoakMix) -> ConversationPlan:
@@ -192,6 +211,9 @@ class SoakClient:
         body = request_body(api, self.system, history, request, self.model)
         cut = plan_cut(self.rng, self.mix)
         turn = await self._send(api, body, request, kind, cut)
+        if turn is None and self.records[-1].outcome is Outcome.CONFLICT:
+            replay = request_body(api, self.system, history, request, self.model, chain=False)
+            return await self._send(api, replay, request, kind + "+replay", None)
         if cut is None or turn is not None or self.rng.random() >= self.mix.retry_share:
             return turn
         return await self._send(api, body, request, kind + "+retry", None)
@@ -232,7 +254,7 @@ class SoakClient:
     ) -> Turn | None:
         reader = state.reader
         if state.status is not None and state.status != 200:
-            outcome = Outcome.HTTP_5XX if state.status >= 500 else Outcome.HTTP_4XX
+            outcome = classify_status(state.status, state.error_body)
             return self._record(api, kind, start, outcome, state, cut, error=state.error_body)
         if state.was_cut:
             return self._record(api, kind, start, Outcome.CUT, state, cut)

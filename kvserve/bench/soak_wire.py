@@ -68,10 +68,10 @@ class TurnRequest:
 
 
 def request_body(
-    api: SoakApi, system: str, history: list[Turn], request: TurnRequest, model: str
+    api: SoakApi, system: str, history: list[Turn], request: TurnRequest, model: str, chain: bool = True
 ) -> dict[str, Any]:
     """The streaming body of the next turn. Responses chains on the previous turn's id when it has
-    one (sending only the new input); the others resend the whole history."""
+    one (sending only the new input) unless `chain` is off; the others resend the whole history."""
     body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": request.max_tokens}
     if api is SoakApi.CHAT:
         body["messages"] = [{"role": "system", "content": system}, *_chat_messages(history, request)]
@@ -83,7 +83,7 @@ def request_body(
         del body["max_tokens"]
         body["max_output_tokens"] = request.max_tokens
         body["store"] = True
-        previous = history[-1].response_id if history else None
+        previous = history[-1].response_id if history and chain else None
         if previous is not None:
             body["previous_response_id"] = previous
             body["input"] = _responses_items(request, history[-1])

@@ -123,7 +123,8 @@ def build_save_job(
         return copies[span.key]
 
     num_new_tokens = sum(span.num_tokens for span in missing)
-    job = SaveJob(meta, tuple(token_ids), tuple(block_hashes), provider, supersedes)
+    num_bytes = sum(layer.numel() * layer.element_size() for layer in kv) if missing else 0
+    job = SaveJob(meta, tuple(token_ids), tuple(block_hashes), provider, supersedes, num_bytes)
     return job, num_new_tokens
 
 

@@ -100,7 +100,12 @@ class DiskTier:
             config.budget_mb * 2**20,
             chunk_tokens=config.chunk_tokens,
         )
-        self.writer = CheckpointWriter(self.store, config.max_pending_saves, on_result=self._on_saved)
+        self.writer = CheckpointWriter(
+            self.store,
+            config.max_pending_saves,
+            on_result=self._on_saved,
+            max_pending_bytes=config.max_pending_save_mb * 2**20,
+        )
         self.policy = SavePolicy(
             min_tokens=config.min_tokens,
             align_tokens=config.align_tokens,

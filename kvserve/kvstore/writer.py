@@ -1,8 +1,10 @@
 """CheckpointWriter: saves checkpoints on a background thread so the engine never waits on disk.
 
 The engine copies a checkpoint's KV out of its blocks (the only work on its thread) and
-submits a SaveJob; a bounded queue keeps a slow disk from piling up copies in memory: when
-it is full the job is dropped (a checkpoint is an optimization, never a correctness need).
+submits a SaveJob; a queue bounded in jobs and in the bytes of their copies keeps a slow disk
+from piling up copies in memory: a job beyond either bound is dropped (a checkpoint is an
+optimization, never a correctness need). The bytes bound holds the copies in memory to about
+`max_pending_bytes` whatever the context length and the model's KV per token (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class SaveJob:
     # stored, so a long session keeps one checkpoint instead of one per turn. Its chunks that this
     # one shares stay (chunks are reference counted); only its own tail chunk and manifest go.
     supersedes: str | None = None
+    num_bytes: int = 0  # of the KV copies the provider holds, until the job is done
 
 
 @dataclass
@@ -45,11 +48,16 @@ class CheckpointWriter:
         store: CheckpointStore,
         max_pending: int = 4,
         on_result: Callable[[SaveResult], None] | None = None,
+        max_pending_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.stats = WriterStats()
         self._on_result = on_result
         self._queue: queue.Queue[SaveJob | None] = queue.Queue(max_pending)
+        # Copies queued or being written; one job is always taken, however large, when none is.
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
+        self._bytes_lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="kvstore-writer", daemon=True)
         self._thread.start()
@@ -60,17 +68,48 @@ class CheckpointWriter:
         if self._closed:
             self.stats.num_dropped += 1
             return False
+        # Before the put, so that it precedes the writer's outcome line (the crash harness reads the
+        # log as the writer's queue: which save a kill -9 cut).
+        meta = job.meta
+        logger.info(
+            "kvstore: queued %s checkpoint %s (%d tokens)", meta.reason, meta.checkpoint_id, meta.num_tokens
+        )
+        if not self._reserve(job.num_bytes, force=block):
+            self.stats.num_dropped += 1
+            logger.warning(
+                "kvstore: writer busy (%.0f MiB of copies pending), dropping %s checkpoint %s of %d tokens",
+                self._pending_bytes / 2**20,
+                meta.reason,
+                meta.checkpoint_id,
+                meta.num_tokens,
+            )
+            return False
         try:
             self._queue.put(job, block=block)
         except queue.Full:
+            self._release(job.num_bytes)
             self.stats.num_dropped += 1
             logger.warning(
-                "kvstore: writer busy, dropping %s checkpoint of %d tokens",
-                job.meta.reason,
-                job.meta.num_tokens,
+                "kvstore: writer busy, dropping %s checkpoint %s of %d tokens",
+                meta.reason,
+                meta.checkpoint_id,
+                meta.num_tokens,
             )
             return False
         return True
+
+    def _reserve(self, num_bytes: int, force: bool) -> bool:
+        with self._bytes_lock:
+            limit = self.max_pending_bytes
+            is_over = limit is not None and self._pending_bytes + num_bytes > limit
+            if is_over and self._pending_bytes and not force:
+                return False
+            self._pending_bytes += num_bytes
+            return True
+
+    def _release(self, num_bytes: int) -> None:
+        with self._bytes_lock:
+            self._pending_bytes -= num_bytes
 
     def flush(self) -> None:
         """Wait until every submitted job has been written (or has failed)."""
@@ -94,6 +133,7 @@ class CheckpointWriter:
                 if job is None:
                     return
                 self._save(job)
+                self._release(job.num_bytes)
             finally:
                 self._queue.task_done()
 

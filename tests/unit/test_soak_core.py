@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 from kvserve.bench.server_probe import PoolSample, ProcessSample, ServerSample
 from kvserve.bench.soak import SoakOptions, SoakRun
-from kvserve.bench.soak_client import CutPoint, Outcome, RequestRecord, SoakMix, plan_conversation, plan_cut
+from kvserve.bench.soak_client import (
+    CutPoint,
+    Outcome,
+    RequestRecord,
+    SoakMix,
+    classify_status,
+    plan_conversation,
+    plan_cut,
+)
 from kvserve.bench.soak_summary import summarize, ttft_drift, ttft_windows
 from kvserve.bench.soak_wire import SoakApi, StreamReader, ToolCall, Turn, TurnRequest, request_body
+from kvserve.serving.tool_continuation import ANTHROPIC, RESPONSES
 
 CALL = ToolCall("call_1", "read_file", '{"path":"a.py"}')
 HISTORY = [Turn(user_text="read a.py", tool_call=CALL, response_id="resp_1")]
@@ -41,6 +51,29 @@ def test_responses_chains_on_the_previous_id_with_only_the_new_input() -> None:
     assert body["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "print(1)"}]
     first = request_body(SoakApi.RESPONSES, "sys", [], TurnRequest("hi", force_tool=True), "m")
     assert first["instructions"] == "sys" and first["tool_choice"] == "required" and first["store"]
+
+
+def test_a_conflict_replays_the_responses_history_instead_of_chaining() -> None:
+    body = request_body(
+        SoakApi.RESPONSES, "sys", HISTORY, TurnRequest(tool_result="print(1)"), "m", chain=False
+    )
+    assert "previous_response_id" not in body and body["instructions"] == "sys"
+    assert [item["type"] for item in body["input"]] == ["message", "function_call", "function_call_output"]
+    assert body["input"][1]["call_id"] == body["input"][2]["call_id"] == "call_1"
+
+
+def test_only_the_continuation_gone_409_is_an_expected_conflict() -> None:
+    # The server's own errors, in each API's shape: the soak must recognise its wording.
+    responses = json.dumps({"error": {"message": RESPONSES.gone().message, "type": "conflict_error"}})
+    anthropic = json.dumps({"type": "error", "error": {"message": ANTHROPIC.gone().message}})
+    assert RESPONSES.gone().status == ANTHROPIC.gone().status == 409
+    assert classify_status(409, responses) is Outcome.CONFLICT
+    assert classify_status(409, anthropic) is Outcome.CONFLICT
+    unknown_id = json.dumps({"error": {"message": RESPONSES.unknown("call_x").message}})
+    assert classify_status(400, unknown_id) is Outcome.HTTP_4XX  # an id never given: the client's bug
+    assert classify_status(409, '{"error": {"message": "something else"}}') is Outcome.HTTP_4XX
+    assert classify_status(409, None) is Outcome.HTTP_4XX
+    assert classify_status(503, responses) is Outcome.HTTP_5XX
 
 
 def _feed(api: SoakApi, events: list[tuple[str | None, dict | str]]) -> StreamReader:
@@ -151,6 +184,9 @@ def test_verdict_passes_a_clean_run_and_names_each_failure() -> None:
         _sample(1 << 30, 60, 3),
         60.0,
     )
+    conflicted = replace(clean, records=[*records, _record(7, Outcome.CONFLICT, None, 409)])
+    summary = summarize(conflicted)
+    assert summary.passed and summary.outcomes["conflict"] == 1, summary.checks
     failed = {c.name for c in summarize(bad).checks if not c.passed}
     assert failed == {
         "no 5xx",

@@ -53,3 +53,38 @@ def test_the_ledger_follows_stores_evictions_and_supersessions(
     assert ledger.num_evicted >= 1 and ledger.num_superseded >= 1, lines
     assert set(ledger.live) == {c.checkpoint_id for c in store.checkpoints()}
     assert ledger.corrupt == []
+
+
+def test_the_ledger_reads_the_writer_queue_from_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--evictions tells which save a kill cut from the log: the queued line of each save (written
+    before its outcome) and the outcome naming its id, or a later one's (first in, first out)."""
+    caplog.set_level(logging.INFO, logger="kvserve.kvstore")
+    store = open_store(tmp_path)
+    writer = CheckpointWriter(store)
+    metas = []
+    for seed, reason in enumerate(("cold", "evict", "evict")):
+        tokens = random_tokens(40, seed)
+        metas.append(CheckpointMeta.new(store.identity, text_of(tokens), 40, reason))  # type: ignore[arg-type]
+        hashes = compute_block_hashes(tokens, store.identity.block_size, store.identity.fingerprint)
+        writer.submit(
+            SaveJob(metas[-1], tokens, hashes, Provider(kv_for(tokens, store.identity))), block=True
+        )
+    writer.close()
+    lines = [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records]
+    ledger = load_harness().Ledger()
+    ledger.read("\n".join(lines))
+    assert ledger.queued_by_reason == {"cold": 1, "evict": 2} and ledger.pending == [], lines
+
+    a, b, c = (m.checkpoint_id for m in metas)
+    ledger = load_harness().Ledger()
+    queued = [line for line in lines if "queued" in line]
+    ledger.read(
+        "\n".join([*queued, f"INFO x: kvstore: evicting checkpoint {'f' * 40} (over the 1 MiB budget)"])
+    )
+    assert ledger.pending == [(a, "cold"), (b, "evict"), (c, "evict")] and ledger.deleting == ["f" * 40]
+    ledger.read(f"INFO x: kvstore: checkpoint {b} not stored: exists")  # a's outcome went unlogged
+    assert ledger.pending == [(c, "evict")] and ledger.deleting == []
+    ledger.new_life()
+    assert ledger.pending == []
