@@ -6,7 +6,8 @@ On one machine (`scripts/cluster_bench_two_nodes.py scaling`) each replica's pro
 core of its own (`--pin-cores`, all its threads; it runs one torch thread), so one replica has one
 core and two have two. The rest (Ray's processes, the proxy, the ingress, this client) is left to the
 OS: with one replica it mostly runs on the idle core, with two it takes its share from both, so the
-ratio is, if anything, understated. Each run reports every replica's CPU use (1.0: a core busy all
+ratio is, if anything, understated. `--confine-to-nodes` confines all of it to the replicas' cores in
+each run instead: one replica's cluster gets one core (as on a one-core machine), two get two. Each run reports every replica's CPU use (1.0: a core busy all
 along, i.e. saturated), this client's and the whole machine's, so a run on a busy host shows it.
 
 Before the timed part each replica prefills the agents' shared prefix once (one warm-up session per
@@ -95,8 +96,11 @@ def run_replicas(
     config: MultiturnConfig,
     pin_cores: Sequence[int] = (),
     progress: bool = True,
+    confine: bool = False,
 ) -> ScalingRow:
-    """`kvserve cluster --replicas N` (one per node), warmed, pinned, then the agents, timed."""
+    """`kvserve cluster --replicas N` (one per node), warmed, pinned, then the agents, timed.
+    `confine`: the cluster's other processes and this client too, on the replicas' cores (each node a
+    machine of one core), given back every core afterwards."""
     extra = (f"--replicas={num_replicas}", "--max-replicas-per-node=1", "--router=affinity")
     with cluster_app(run, extra) as url:
         tokenizer = bench_tokenizer.tokenizer
@@ -110,6 +114,9 @@ def run_replicas(
             pin_process(pids[tag], core)
         bench = MultiturnBench(target, tokenizer, replace(config, restart_after_turn=None), progress=progress)
         ray_pids = cluster_process_ids(run.address) - set(pids.values())
+        confined = [*ray_pids, os.getpid()] if confine and cores else []
+        for pid in confined:
+            pin_process(pid, *cores.values())
         cpu_before = {tag: process_cpu_s(pid) for tag, pid in pids.items()}
         client_before, ray_before, machine_before = _own_cpu_s(), cpu_by_pid(ray_pids), machine_busy_s()
         started = time.perf_counter()
@@ -118,6 +125,8 @@ def run_replicas(
         cpu_s = {tag: process_cpu_s(pid) - cpu_before[tag] for tag, pid in pids.items()}
         client_s, machine_s = _own_cpu_s() - client_before, machine_busy_s() - machine_before
         ray_s = cpu_spent(ray_before, cpu_by_pid(ray_pids))
+        for pid in confined:  # the Ray nodes outlive this run: the next one starts unconfined
+            pin_process(pid, *range(os.cpu_count() or 1))
     return scaling_row(num_replicas, results, wall_s, cores, cpu_s, client_s, ray_s, machine_s)
 
 
@@ -165,12 +174,16 @@ def parse_replica_pids(metrics_text: str) -> dict[str, int]:
     }
 
 
-def pin_process(pid: int, core: int) -> None:
-    """Every thread of `pid` onto `core` (threads it starts later inherit their creator's mask)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
+def pin_process(pid: int, *cores: int) -> None:
+    """Every thread of `pid` onto `cores` (threads it starts later inherit their creator's mask)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return  # the process ended meanwhile
+    for task in tasks:
         try:
-            os.sched_setaffinity(int(task.name), {core})
-        except ProcessLookupError:
+            os.sched_setaffinity(int(task.name), set(cores))
+        except (ProcessLookupError, OSError):
             pass  # a thread that ended meanwhile
 
 

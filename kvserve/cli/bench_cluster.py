@@ -53,6 +53,13 @@ def register_scaling(sub: argparse._SubParsersAction) -> None:
         help="comma-separated cores, one per replica (this host's Ray cluster only): each replica's "
         "process on its own core; default: not pinned",
     )
+    p.add_argument(
+        "--confine-to-nodes",
+        action="store_true",
+        help="with --pin-cores: each run's whole cluster (Ray's processes, the proxy, the ingress, this "
+        "client) on the cores its replicas have, as if each node were a machine of one core; without it "
+        "Ray's own work runs on the idle core of the one-replica run for free",
+    )
     _add_agent_args(p, agents=16, turns=4, prefix_tokens=2_000)
     p.set_defaults(func=run_scaling)
 
@@ -104,7 +111,11 @@ def run_scaling(args: argparse.Namespace) -> None:
     if cores and len(cores) < max(counts):
         raise SystemExit(f"--pin-cores names {len(cores)} cores for up to {max(counts)} replicas")
     tokenizer = load_tokenizer(args.model)
-    rows = tuple(run_replicas(run_spec, n, tokenizer, config, cores) for n in counts)
+    if args.confine_to_nodes and not cores:
+        raise SystemExit("--confine-to-nodes needs --pin-cores")
+    rows = tuple(
+        run_replicas(run_spec, n, tokenizer, config, cores, confine=args.confine_to_nodes) for n in counts
+    )
     summary = ScalingSummary(rows, speedup(rows))
     print(markdown(summary))
     if args.json:
