@@ -64,8 +64,9 @@ class Scheduler:
     ) -> None:
         """`budget_with_decodes`: the step's token budget while any running sequence has output
         (its stream waits for the whole step); None: max_num_batched_tokens. `keep_images_whole`: the
-        model attends both ways inside an image, so no prefill chunk and no prefix hit may end inside one (ImageInputModel.image_spans_bidirectional). `rope`: the
-        rule of a model that scales RoPE on demand (rope_regime.py); None: one regime."""
+        model attends both ways inside an image, so no prefill chunk and no prefix hit may end inside
+        one (ImageInputModel.image_spans_bidirectional). `rope`: the rule of a model that scales RoPE
+        on demand (rope_regime.py); None: one regime."""
         assert max_num_seqs > 0 and max_num_batched_tokens > 0 and max_model_len > 1
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
