@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 # Dense decode (--weight-quant none): no int4 copy of the weights to make at each of the hundred
-# starts (~30 s of CPU each); the cold reference uses the same flags. A disk budget of a few
+# starts (1-3 s each on the 2-core EPYC); the cold reference uses the same flags. A disk budget of a few
 # checkpoints, so each save evicts. (The small RAM pool, ~4,300 tokens, would make reused blocks
 # write `evict` checkpoints in longer lives; one or two turns a life seldom fill it.)
 SERVE_ARGS = [
