@@ -20,6 +20,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.filler_text import filler
 from tests.serve_process import in_process_server, running_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -27,47 +28,6 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 # fp32 whatever the CPU, and dense decode: see `server`.
 SERVE_ARGS = ["--ctx", "8192", "--dtype", "float32", "--weight-quant", "none"]
 SYSTEM = "You are a helpful assistant. Answer briefly."
-WORDS = [
-    "river",
-    "stone",
-    "garden",
-    "window",
-    "market",
-    "lantern",
-    "engine",
-    "harbor",
-    "forest",
-    "signal",
-    "paper",
-    "orbit",
-    "copper",
-    "winter",
-    "meadow",
-    "bridge",
-    "candle",
-    "rocket",
-    "thunder",
-    "velvet",
-    "pencil",
-    "castle",
-    "marble",
-    "planet",
-    "silver",
-    "ladder",
-    "island",
-    "ribbon",
-    "compass",
-    "violin",
-    "desert",
-    "canyon",
-    "glacier",
-    "falcon",
-    "mirror",
-]
-
-
-def _filler(rng: random.Random, num_words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(num_words)) + "."
 
 
 def conversation(num_turns: int = 14, words_per_turn: int = 360) -> list[dict[str, str]]:
@@ -75,8 +35,8 @@ def conversation(num_turns: int = 14, words_per_turn: int = 360) -> list[dict[st
     rng = random.Random(5)
     messages = [{"role": "system", "content": SYSTEM}]
     for turn in range(num_turns):
-        messages.append({"role": "user", "content": f"Note {turn}: {_filler(rng, words_per_turn)}"})
-        messages.append({"role": "assistant", "content": f"Noted {turn}: {_filler(rng, 40)}"})
+        messages.append({"role": "user", "content": f"Note {turn}: {filler(rng, words_per_turn)}"})
+        messages.append({"role": "assistant", "content": f"Noted {turn}: {filler(rng, 40)}"})
     messages.append({"role": "user", "content": "Which word appears first in note 3?"})
     return messages
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.filler_text import WORDS as FILLER_WORDS
+from tests.filler_text import filler as filler_words
 from tests.serve_process import start_server, stop_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -28,20 +30,7 @@ FS_MB = 32
 # A ~600-token cold checkpoint (600 of these words) of SmolLM2 takes 13 MiB (float16 KV): with 16 MiB left one fits, a
 # second does not; removing the filler then makes room for the next.
 FREE_AT_START_MB = 16
-WORDS = [
-    "river",
-    "stone",
-    "garden",
-    "window",
-    "market",
-    "lantern",
-    "engine",
-    "harbor",
-    "forest",
-    "signal",
-    "paper",
-    "orbit",
-]
+WORDS = FILLER_WORDS[:12]  # the checkpoint sizes above are measured with these
 
 
 @contextmanager
@@ -100,7 +89,7 @@ def warnings_in(text: str) -> list[str]:
 @pytest.mark.timeout(1200)
 def test_a_full_disk_skips_saves_with_one_warning_and_saving_resumes(tmp_path: Path) -> None:
     rng = random.Random(37)
-    systems = [" ".join(rng.choice(WORDS) for _ in range(600)) + "." for _ in range(5)]
+    systems = [filler_words(rng, 600, WORDS) for _ in range(5)]
     log = tmp_path / "server.log"
     with small_filesystem(tmp_path / "fs", FS_MB) as fs:
         cache = fs / "kv"
