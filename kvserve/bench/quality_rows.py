@@ -51,10 +51,12 @@ ROWS = {
         Row("int4", "int4 weights, int8-rounded activations (decode-sized batches)", weight_quant="int4"),
         Row("int8", "int8 weights (decode-sized batches)", weight_quant="int8"),
         Row("fp16-kv", "float16 KV pool", kv_dtype="float16"),
+        # The file's own low-bit pick (int4 on Q4 files, int8 on Q4_K_M's mixed bits), as `dtype auto`
+        # pairs it with bf16 prefill on a CPU with fast bf16: the default there for every model.
         Row(
             "bf16-prefill",
-            "int4 decode + bf16 dense weights and attention for prompts",
-            "int4",
+            "the file's low-bit decode (--weight-quant auto) + bf16 dense weights and attention for prompts",
+            "auto",
             bf16_prefill=True,
         ),
         Row("int8-prefill", "int4 decode + int4 x int8 GEMM for prompts", "int4", int8_prefill=True),

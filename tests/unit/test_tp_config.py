@@ -31,6 +31,19 @@ def test_resolve_rejects_sizes_below_one_and_low_bit_weights() -> None:
     assert resolve(dataclasses.replace(config, tensor_parallel_size=2)).tensor_parallel_size == 2
 
 
+def test_forcing_int4_on_a_file_of_more_bits_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """Gemma 3's Q4_K_M (5-8-bit layers among the 4-bit ones) loses 10% perplexity under forced
+    int4 decode (docs/numerics.md): the flag still wins, with a warning; a Q4 file gets none."""
+    from kvserve.config import resolve_weight_quant
+
+    forced = resolve(EngineConfig(device="cpu", dtype="float32", weight_quant="int4"))
+    with caplog.at_level("WARNING", logger="kvserve.config"):
+        assert resolve_weight_quant(forced, "int4").weight_quant == "int4"
+        assert not caplog.records
+        assert resolve_weight_quant(forced, "int8").weight_quant == "int4"
+    assert "re-rounds this model file's 5-8-bit layers" in caplog.text
+
+
 def test_weight_quant_auto_follows_the_model_file_on_cpu_only() -> None:
     """The CLI's default: a quantized GGUF's own precision on CPU; none on CUDA, in fp16 and under
     tensor parallelism, where the low-bit copies do not serve."""

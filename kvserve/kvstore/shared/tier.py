@@ -5,7 +5,9 @@
   written again), its manifest last, so a visible manifest means its chunks are there.
 - Find: a request's block chain hashes are matched against the in-memory index of the shared
   manifests (`index.py`); when they miss, the index is refreshed from the listing first (at most
-  every `miss_refresh_s`), so a checkpoint another replica wrote a moment ago is found.
+  every `miss_refresh_s`), so a checkpoint another replica wrote a moment ago is found. The rate
+  limit is the one window: a checkpoint published less than `miss_refresh_s` after this replica's
+  last listing can be missed until the next one (a burst of cold prompts lists once, not per request).
 - Load: chunks are read and verified (header, key, payload hash: the local tier's own checks)
   before any byte reaches the engine. A corrupt object, or a manifest whose chunk is missing, is
   deleted from the shared store and forgotten: never loaded, and the next writer of that chunk
