@@ -149,7 +149,11 @@ class WeightOnlyLinear(nn.Module):
 # - AVX-512 (a Xeon with AMX, 2 threads): bf16 rows differ from 3 rows up and fp32 rows from 57 up,
 #   whatever the padding; only calls of one fixed size agree: ROW_BLOCK rows each, the last padded.
 MIN_GEMM_ROWS = 16
-ROW_BLOCK = 64  # small, so a short tail's padding stays cheap
+# 128: on the AMX host, packed 128-row calls took 4.1 ms for 2,048 rows of a 1536 x 576 bf16 weight
+# against 5.2 ms in 64-row calls, and 0.27 against 0.49 ms for 100 rows; 64-row calls win only at 17-64
+# rows (0.17 ms), a short prompt's tail. An 8K prefill in 2,048-token steps, in-process, interleaved:
+# 8.80-8.95 s against 9.23-9.24 s (1.04x; docs/numerics.md). Every fixed size gave the same bits.
+ROW_BLOCK = 128
 
 
 @functools.cache
@@ -194,7 +198,7 @@ def pack_dense_weight(weight: torch.Tensor) -> torch.Tensor | None:
     that takes fixed blocks (`row_block()`), or None: other dtypes, or no oneDNN bf16 packing here
     (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT). Unpacked, every block call reorders the whole
     weight: on the AMX host a 64-row call of a 1536 x 576 bf16 weight took 0.22 ms, twice the
-    0.11 ms per 64 rows of one 2048-row call. KVSERVE_DENSE_PACK=0 turns it off (A/B)."""
+    0.11 ms per 64 rows of one 2048-row call (packed: 0.17 ms). KVSERVE_DENSE_PACK=0 turns it off (A/B)."""
     if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not row_block():
         return None
     if not switches().is_dense_pack_enabled:
