@@ -1,6 +1,6 @@
 """The disk KV tier across restarts of a real `kvserve serve` process (SmolLM2, CPU).
 
-A ~6,000-token conversation is served, the server gets SIGTERM (its shutdown saves the live
+A ~3,000-token conversation is served, the server gets SIGTERM (its shutdown saves the live
 KV), and each of the three APIs, through its official SDK, then sends the next turn to a
 freshly started server over the same --kv-cache-dir: the prompt must come from disk, read at
 start-up or by the request (cached tokens >= 95%) and the greedy answer must equal that of a server without the disk
@@ -30,8 +30,9 @@ SERVE_ARGS = ["--ctx", "8192", "--dtype", "float32", "--weight-quant", "none"]
 SYSTEM = "You are a helpful assistant. Answer briefly."
 
 
-def conversation(num_turns: int = 14, words_per_turn: int = 360) -> list[dict[str, str]]:
-    """System + alternating turns of filler text, ending with a user question (~6,000 tokens)."""
+def conversation(num_turns: int = 7, words_per_turn: int = 360) -> list[dict[str, str]]:
+    """System + alternating turns of filler text, ending with a user question (~3,000 tokens: the
+    suite's longest test until it was halved; a restart's reuse does not depend on the length)."""
     rng = random.Random(5)
     messages = [{"role": "system", "content": SYSTEM}]
     for turn in range(num_turns):
@@ -111,7 +112,7 @@ def test_restart_serves_the_next_turn_from_disk(tmp_path: Path) -> None:
     with server(cache, log) as url:
         answer, prompt_tokens, cached = ask("chat", url, messages, max_tokens=24)
     timings["first turn (cold) + shutdown"] = time.monotonic() - started
-    assert 5800 <= prompt_tokens <= 7500 and cached == 0
+    assert 2500 <= prompt_tokens <= 4000 and cached == 0
     assert list((tmp_path / "kv").glob("*/checkpoints/*.kvm")), log.read_text()[-3000:]
     next_turn = [
         *messages,
