@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from kvserve.bench.process_tree import process_tree
 from tests.serve_process import REPO, free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -75,25 +76,7 @@ def two_node_ray() -> Iterator[str]:
 def _stop_processes_of(temp_dir: str) -> None:
     """SIGTERM, then SIGKILL, every process whose command line names the cluster's temp dir (GCS,
     raylets, their agents) and their descendants (the workers)."""
-    parents: dict[int, int] = {}
-    roots: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-        if temp_dir.encode() in cmdline and int(entry.name) != os.getpid():
-            roots.add(int(entry.name))
-    pids = set(roots)
-    while True:
-        more = {pid for pid, parent in parents.items() if parent in pids} - pids
-        if not more:
-            break
-        pids |= more
+    pids = process_tree(lambda args: any(temp_dir in arg for arg in args))
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             try:

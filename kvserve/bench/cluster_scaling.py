@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvserve.bench.cluster_bench import SESSION_HEADER, ClusterRun, cluster_app, summarize
 from kvserve.bench.datasets import BenchTokenizer, Tokenizer
 from kvserve.bench.multiturn import MultiturnBench, MultiturnConfig, MultiturnTarget, TurnResult
+from kvserve.bench.process_tree import process_tree
 
 
 @dataclass(frozen=True)
@@ -199,28 +200,8 @@ def cluster_process_ids(address: str) -> set[int]:
     workers: replicas, proxies, the ingress, the controller); this process and its parents aside
     (the client names the address too)."""
     port = address.rsplit(":", 1)[1]
-    marks = (f":{port}".encode(), f"={port}".encode())
-    parents: dict[int, int] = {}
-    roots: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # ended meanwhile
-        if any(arg.endswith(mark) for arg in args for mark in marks):
-            roots.add(int(entry.name))
-    mine: set[int] = set()
-    pid = os.getpid()
-    while pid > 1 and pid not in mine:
-        mine.add(pid)
-        pid = parents.get(pid, 0)
-    found = roots - mine
-    while more := {pid for pid, parent in parents.items() if parent in found} - found - mine:
-        found |= more
-    return found
+    marks = (f":{port}", f"={port}")
+    return process_tree(lambda args: any(arg.endswith(mark) for arg in args for mark in marks))
 
 
 def cpu_by_pid(pids: set[int]) -> dict[int, float]:
