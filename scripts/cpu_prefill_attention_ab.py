@@ -4,7 +4,7 @@ kernel (csrc/prefill_attention.cpp) at several (query tile, key block) sizes, Sm
 (9 query heads over 3 KV heads of 64), fp16 paged KV, a 512-row chunk after 0, 6,000 and 12,000
 cached tokens. `gemms` times the two matmuls alone over all keys, unmasked, as torch.bmm runs them.
 
-    python3 scripts/cpu_prefill_attention_ab.py --threads 2 --dtype bfloat16   # AMX: the VNNI layout
+    python3 scripts/cpu_prefill_attention_ab.py --threads 2 --dtype bfloat16   # AMX/AVX512-BF16: VNNI
     python3 scripts/cpu_prefill_attention_ab.py --threads 2 --dtype float32
 """
 
@@ -43,7 +43,7 @@ def main() -> None:
     vnni = dtype == torch.bfloat16 and CpuPrefillKernel.for_dtype(dtype) is not None
     tiles = [tuple(int(x) for x in tile.split("x")) for tile in args.tiles.split(",")]
     rows = args.rows
-    print(f"{args.dtype}, {args.threads} threads, {rows} rows, VNNI (AMX) layout: {vnni}")
+    print(f"{args.dtype}, {args.threads} threads, {rows} rows, VNNI layout: {vnni}")
     for context in (int(c) for c in args.contexts.split(",")):
         best, diff = _measure(ext, context, rows, dtype, vnni, tiles, args.repeats)
         print(

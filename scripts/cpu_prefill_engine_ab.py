@@ -66,9 +66,9 @@ def main() -> None:
     parser.add_argument("--configs", default="before,after")
     parser.add_argument(
         "--chunk-sizes",
-        default="512",
+        default="2048",
         help="prompt tokens per engine step (--max-num-batched-tokens), comma-separated: every config "
-        "runs at each (named CONFIG@N when more than one); the CPU default is 512",
+        "runs at each (named CONFIG@N when more than one); the CPU default for a lone prompt is 2048",
     )
     parser.add_argument(
         "--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="prompt rows' dtype"

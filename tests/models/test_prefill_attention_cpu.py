@@ -12,7 +12,7 @@ from kvserve.models.layers.attention.cpu_prefill import CpuPrefillKernel
 pytestmark = pytest.mark.skipif(cpu_ext.load() is None, reason="the CPU kernels do not build here")
 
 KV_HEADS, GROUP, DIM, BLOCK_SIZE = 3, 3, 64, 16
-AMX = CpuPrefillKernel.for_dtype(torch.bfloat16) is not None
+FAST_BF16 = CpuPrefillKernel.for_dtype(torch.bfloat16) is not None  # AMX or AVX512-BF16
 
 
 def _sequence(
@@ -83,17 +83,18 @@ def test_fp32_matches_the_definition_and_does_not_depend_on_chunking(
 @pytest.mark.parametrize("window", [None, 40])
 def test_bf16_matches_the_definition_within_bf16_rounding(window: int | None) -> None:
     """bf16 operands (q, K, V and the probabilities rounded to bf16, sums in fp32); on CPUs without
-    AMX the kernel is not chosen by the engine, but its row-major layout runs here all the same."""
+    AMX or AVX512-BF16 the kernel is not chosen by the engine, but its row-major layout runs here
+    all the same."""
     q, cache, table = _sequence(300, torch.float16, seed=1)
     kernel = CpuPrefillKernel(torch.bfloat16)
-    kernel.vnni = AMX  # the AMX operand layout only where the CPU has the tiles
+    kernel.vnni = FAST_BF16  # the VNNI operand layout only where the CPU has bf16 dot products
     out = _chunked(kernel, q, cache, table, [300], window)
     torch.testing.assert_close(out.double(), _dense(q, cache, table, window), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.skipif(not AMX, reason="bf16 prompt attention runs in the kernel only on CPUs with AMX")
+@pytest.mark.skipif(not FAST_BF16, reason="bf16 prompt attention runs in the kernel on AMX or AVX512-BF16")
 @pytest.mark.parametrize("window", [None, 40])
-def test_bf16_on_amx_does_not_depend_on_chunking(window: int | None) -> None:
+def test_bf16_does_not_depend_on_chunking(window: int | None) -> None:
     q, cache, table = _sequence(300, torch.float16, seed=2)
     kernel = CpuPrefillKernel.for_dtype(torch.bfloat16)
     assert kernel is not None

@@ -137,7 +137,7 @@ def test_prompt_rows_do_not_depend_on_chunking(
 ) -> None:
     """One 40-token prompt in one forward, in 17 + 23, and in 39 + 1 (a one-token tail, which a
     prompt forward attends as a prefill under prefill_dtype): every row reads the same keys as
-    stored. The C++ prompt attention (fp32; bf16 on AMX) gives the same bits (but for the fp32
+    stored. The C++ prompt attention (fp32; bf16 on AMX or AVX512-BF16) gives the same bits (but for the fp32
     one-token tail, which an fp32 forward attends as a decode row); torch's CPU flash
     kernel, where it runs instead, is not bit-exact across key counts (a few rows differ in their
     last bit: 1.8e-7 in fp32, one bf16 ulp); the engine tests check that the tokens do not change

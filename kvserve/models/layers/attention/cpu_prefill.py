@@ -4,9 +4,11 @@ no row can see skipped, the paged KV read straight from the cache's blocks (no g
 tensor, no repeat of grouped KV heads).
 
 fp32 runs everywhere the kernels build (oneDNN's fp32 micro-kernels). bf16 runs where the CPU has
-AMX tiles; CPUs with AVX512-BF16 but no AMX keep torch's SDPA (its flash kernel was twice as fast
-as this one on them: oneDNN's small bf16 GEMMs without tiles are slow). A prompt's KV still does
-not depend on how it was chunked: the kernel takes keys in blocks aligned to absolute positions.
+AMX tiles or AVX512-BF16 (oneDNN's bf16 micro-kernels take B in the VNNI pair layout on both): on a
+2-core AVX512-BF16 EPYC without AMX it was 2.6-3.5x torch's SDPA at 2,048-row chunks. (An earlier
+measurement had it twice as slow as SDPA there, but on an AMX Xeon with AMX turned off through
+ONEDNN_MAX_CPU_ISA, not on a CPU of that kind.) A prompt's KV still does not depend on how it was
+chunked: the kernel takes keys in blocks aligned to absolute positions.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class CpuPrefillKernel:
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
         self.query_tile, self.key_block = _TILES[dtype]
-        self.vnni = dtype == torch.bfloat16  # AMX's operand layout (`for_dtype` admits bf16 only there)
+        self.vnni = dtype == torch.bfloat16  # bf16 B operands as [K/2, N, 2] (AMX and AVX512-BF16)
         self._ext: Any = cpu_ext.load()
 
     @staticmethod
@@ -38,7 +40,7 @@ class CpuPrefillKernel:
         """The kernel for prompt rows computed in `dtype` on this CPU, or None (torch's SDPA then)."""
         if not switches().is_cpu_prefill_attention_enabled or dtype not in _TILES:
             return None
-        if dtype == torch.bfloat16 and not _has_amx_bf16():
+        if dtype == torch.bfloat16 and not _has_fast_bf16():
             return None
         return CpuPrefillKernel(dtype) if cpu_ext.load() is not None else None
 
@@ -81,5 +83,6 @@ class CpuPrefillKernel:
         return out.permute(2, 0, 1, 3).reshape(num_queries, num_heads, head_dim).to(q.dtype)
 
 
-def _has_amx_bf16() -> bool:
-    return "amx_bf16" in cpu_ext.cpu_flags() and torch.backends.mkldnn.is_available()
+def _has_fast_bf16() -> bool:
+    flags = cpu_ext.cpu_flags()
+    return ("amx_bf16" in flags or "avx512_bf16" in flags) and torch.backends.mkldnn.is_available()

@@ -18,8 +18,9 @@
 // checks this bit for bit over odd chunkings.
 //
 // The GEMMs are torch's batch-reduce GEMM (at::native::cpublas::brgemm, oneDNN's ukernel): AMX
-// tiles for bf16 where the CPU has them (`vnni`: B operands packed as [K/2, N, 2]), AVX2/AVX-512
-// FMA for fp32. The softmax runs here in fp32, on AVX-512 where the CPU has it, else on AVX2.
+// tiles for bf16 where the CPU has them, else AVX512-BF16 dot products (`vnni`: B operands packed
+// as [K/2, N, 2] for both), AVX2/AVX-512 FMA for fp32. The softmax runs here in fp32, on AVX-512
+// where the CPU has it, else on AVX2.
 //
 // Layouts: q [KVH, G, T, D] (the G query heads of a KV head, T prompt rows each), fp32 or bf16;
 // cache [2, num_blocks, block_size, KVH, D] in fp16, bf16 or fp32; block_table [n] int64, the
@@ -169,7 +170,7 @@ inline float softmax_row_avx2(const float* s, T* p, int64_t KB, float scale, Row
 
 #define KVSERVE_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
-// exp_neg of vec_exp.h on 16 lanes: the same operations, so the same bits per element.
+// exp_neg of vec_exp.h on 16 lanes: the same operations (but 2^n by VSCALEFPS), the same bits per element.
 KVSERVE_AVX512 inline __m512 exp_neg16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -183,8 +184,9 @@ KVSERVE_AVX512 inline __m512 exp_neg16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   const __m512 e = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(e, _mm512_castsi512_ps(pow2n));
+  // e * 2^n in one VSCALEFPS instead of building 2^n's exponent bits and multiplying (4 operations):
+  // both are exact while the result is a normal float, which the clamp at -87 keeps it.
+  return _mm512_scalef_ps(e, n);
 }
 
 KVSERVE_AVX512 inline __m256i bf16x16(__m512 v) {  // bf16x8's rounding on 16 lanes
@@ -194,9 +196,22 @@ KVSERVE_AVX512 inline __m256i bf16x16(__m512 v) {  // bf16x8's rounding on 16 la
       _mm512_srli_epi32(_mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16));
 }
 
+// The same rounding in one instruction on CPUs with AVX512-BF16 (AMX CPUs have it): VCVTNEPS2BF16
+// rounds to nearest even as bf16x16 does, and differs only for denormal inputs (it reads them as 0),
+// which exp_neg16 never returns (it stays >= exp(-87) ~ 1.6e-38, a normal float), and NaN, which no
+// probability is. Inline assembly, not the intrinsic: the intrinsic needs the avx512bf16 target on
+// the whole function, which would let the compiler use the extension in the copy that runs on
+// AVX-512 CPUs without it.
+KVSERVE_AVX512 inline __m256i bf16x16_ne(__m512 v) {
+  __m256i r;
+  asm("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(v));
+  return r;
+}
+
 // softmax_row_avx2 on 16 lanes (its sum adds 16 partial sums, not 8: other bits in the last place
-// than on an AVX2 machine, the same on every run of one machine).
-template <bool MASKED, typename T>
+// than on an AVX2 machine, the same on every run of one machine). NE: bf16 by VCVTNEPS2BF16 (the
+// same bits).
+template <bool MASKED, bool NE, typename T>
 KVSERVE_AVX512 float softmax_row_avx512(const float* s, T* p, int64_t KB, float scale, RowState& st) {
   const __m512 neg_inf = _mm512_set1_ps(NEG_INF);
   __m512 mx16 = neg_inf;
@@ -217,11 +232,30 @@ KVSERVE_AVX512 float softmax_row_avx512(const float* s, T* p, int64_t KB, float 
     if constexpr (std::is_same_v<T, float>)
       _mm512_storeu_ps(p + j, e);
     else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), bf16x16(e));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j), NE ? bf16x16_ne(e) : bf16x16(e));
   }
   st.l = st.l * alpha + _mm512_reduce_add_ps(sum16);
   st.m = m_new;
   return alpha;
+}
+
+// The softmax loops this CPU runs (picked once per call).
+enum class SoftmaxIsa { avx2, avx512, avx512_bf16 };
+
+inline SoftmaxIsa softmax_isa() {
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")))
+    return SoftmaxIsa::avx2;
+  return __builtin_cpu_supports("avx512bf16") ? SoftmaxIsa::avx512_bf16 : SoftmaxIsa::avx512;
+}
+
+template <bool MASKED, typename T>
+inline float softmax_row(SoftmaxIsa isa, const float* s, T* p, int64_t KB, float scale, RowState& st) {
+  switch (isa) {
+    case SoftmaxIsa::avx512_bf16: return softmax_row_avx512<MASKED, true>(s, p, KB, scale, st);
+    case SoftmaxIsa::avx512: return softmax_row_avx512<MASKED, false>(s, p, KB, scale, st);
+    default: return softmax_row_avx2<MASKED>(s, p, KB, scale, st);
+  }
 }
 
 // One tile's online softmax over one key block: S holds the tile's raw dot products with the
@@ -230,7 +264,7 @@ KVSERVE_AVX512 float softmax_row_avx512(const float* s, T* p, int64_t KB, float 
 // edge (`needs_mask`) pay for the mask.
 template <typename T>
 void softmax_block(float* S, T* P, RowState* st, float* acc, const Geometry& g, int64_t n, float scale,
-                   const int64_t* qpos, int64_t key0, bool needs_mask, bool avx512) {
+                   const int64_t* qpos, int64_t key0, bool needs_mask, SoftmaxIsa isa) {
   const int64_t KB = g.key_block, D = g.dim;
   for (int64_t i = 0; i < n; ++i) {
     float* s = S + i * KB;
@@ -240,10 +274,9 @@ void softmax_block(float* S, T* P, RowState* st, float* acc, const Geometry& g, 
       const RowMask mask = row_mask(qpos[i], key0, KB, g.window);
       std::fill(s, s + mask.lo, NEG_INF);
       std::fill(s + mask.hi, s + KB, NEG_INF);
-      alpha = avx512 ? softmax_row_avx512<true>(s, p, KB, scale, st[i]) : softmax_row_avx2<true>(s, p, KB, scale, st[i]);
+      alpha = softmax_row<true>(isa, s, p, KB, scale, st[i]);
     } else {
-      alpha = avx512 ? softmax_row_avx512<false>(s, p, KB, scale, st[i])
-                     : softmax_row_avx2<false>(s, p, KB, scale, st[i]);
+      alpha = softmax_row<false>(isa, s, p, KB, scale, st[i]);
     }
     if (alpha != 1.f) {
       float* a = acc + i * D;
@@ -255,8 +288,7 @@ void softmax_block(float* S, T* P, RowState* st, float* acc, const Geometry& g, 
 template <typename T, typename C>
 void run(const T* q, const C* cache, const int64_t* table, const Geometry& g, float scale, bool vnni, float* out) {
   const int64_t D = g.dim, KB = g.key_block, QT = g.query_tile, nkb = g.num_key_blocks, block_elems = KB * D;
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const SoftmaxIsa isa = softmax_isa();
   std::vector<T> keys(g.kv_heads * nkb * block_elems), values(keys.size());
   at::parallel_for(0, g.kv_heads * nkb, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -285,7 +317,7 @@ void run(const T* q, const C* cache, const int64_t* table, const Geometry& g, fl
         const int64_t key0 = kb * KB, offset = (h * nkb + kb - g.first_key_block) * block_elems;
         at::native::cpublas::brgemm(n, KB, D, D, KB, KB, false, A, keys.data() + offset, S.data(), vnni);
         const bool needs_mask = key0 + KB - 1 > qmin || (g.window > 0 && key0 < qmax - g.window + 1);
-        softmax_block(S.data(), P.data(), st.data(), acc.data(), g, n, scale, qpos.data(), key0, needs_mask, avx512);
+        softmax_block(S.data(), P.data(), st.data(), acc.data(), g, n, scale, qpos.data(), key0, needs_mask, isa);
         at::native::cpublas::brgemm(n, D, KB, KB, D, D, true, P.data(), values.data() + offset, acc.data(), vnni);
       }
       float* o = out + (hg * g.rows + i0) * D;
