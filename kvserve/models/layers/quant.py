@@ -176,16 +176,25 @@ def _dense_rows(
     block = row_block() if block is None else block
     x = x.to(weight.dtype)
     rows = x.shape[0]
-    target = -(-rows // block) * block if block else max(rows, MIN_GEMM_ROWS)
-    if target != rows:
-        x = torch.cat([x, x.new_zeros(target - rows, x.shape[1])])
     if not block:
+        if rows < MIN_GEMM_ROWS:
+            x = torch.cat([x, x.new_zeros(MIN_GEMM_ROWS - rows, x.shape[1])])
         return F.linear(x, weight, bias)[:rows].to(out_dtype)
-    if packed is not None and block == ROW_BLOCK:
-        parts = [mkldnn_linear(part, packed, bias) for part in x.split(block)]
-    else:
-        parts = [F.linear(part, weight, bias) for part in x.split(block)]
-    return (torch.cat(parts) if len(parts) > 1 else parts[0])[:rows].to(out_dtype)
+    # Each block's product goes straight into its rows of the output, cast on the way (one pass; a
+    # cat of the blocks and then a cast were two over a 2,048-row step's activations); only a short
+    # last block is padded.
+    out = torch.empty(rows, weight.shape[0], dtype=out_dtype, device=x.device)
+    for start in range(0, rows, block):
+        part = x[start : start + block]
+        n = part.shape[0]
+        if n < block:
+            part = torch.cat([part, part.new_zeros(block - n, part.shape[1])])
+        if packed is not None and block == ROW_BLOCK:
+            y = mkldnn_linear(part, packed, bias)
+        else:
+            y = F.linear(part, weight, bias)
+        out[start : start + n].copy_(y[:n])
+    return out
 
 
 def mkldnn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
