@@ -66,9 +66,13 @@ targets=$([ "$round" -eq 1 ] && echo "${TARGETS:-kvserve,llama-server}" || echo 
 (cd /tmp/old && XDG_CACHE_HOME=$(mktemp -d) PYTHONPATH=/tmp/old:/tmp/site OMP_NUM_THREADS=2 taskset -c "$CORES" \
   $PY -m kvserve serve --model smollm2 --device cpu --ctx 16384 --port 8199 > "$OUT/before-server$sfx.log" 2>&1) &
 server=$!
-for _ in $(seq 600); do curl -sf http://127.0.0.1:8199/health > /dev/null && break; sleep 1; done
-# A server that died at start-up (a missing package) would otherwise leave the loop above to time out.
-kill -0 $server 2> /dev/null || { tail -5 "$OUT/before-server$sfx.log"; exit 1; }
+# Up to 10 minutes (it may compile its kernels), but not for a server that died at start-up (a
+# missing package): it stops the run with its log's last lines.
+for _ in $(seq 600); do
+  curl -sf http://127.0.0.1:8199/health > /dev/null && break
+  kill -0 $server 2> /dev/null || { tail -5 "$OUT/before-server$sfx.log"; exit 1; }
+  sleep 1
+done
 PYTHONPATH=$PWD:/tmp/site taskset -c "$CORES" $PY -m kvserve bench context --url http://127.0.0.1:8199 \
   "${common[@]}" --name context-before$sfx 2>&1 | tee "$OUT/before$sfx.log" | grep -v '^{'
 pkill -f "port 8199"; sleep 2
