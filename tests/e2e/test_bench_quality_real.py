@@ -13,11 +13,15 @@ pytestmark = pytest.mark.model
 
 # The defaults on a CPU without fast bf16: int4 decode (SmolLM2's Q4 GGUF), fp16 KV, fp32 prefill.
 # Measured on this text (2 chunks of 128, decode mode): KL mean 0.0022, p99 0.014, top-1 96.8%,
-# perplexity +0.45%; the bounds leave ~2x room for other CPUs' rounding.
+# perplexity +0.45%; the KL and top-1 bounds leave ~2x room for other CPUs' rounding.
 MAX_KL_MEAN = 0.005
 MAX_KL_P99 = 0.03
 MIN_TOP1 = 0.93
-MAX_PPL_RATIO = 1.01
+# Perplexity over 126 tokens is a noisy measure: two equally accurate bf16 prompt attentions on one
+# AVX512-BF16 EPYC (torch's SDPA and the C++ kernel, the same error against fp64) gave +0.39% and
+# +1.19% here with the same KL (0.0019, 0.0020), and -0.14% / +0.37% over 1,020 tokens
+# (docs/numerics.md). So 2% here; the issue's 1% is the docs table's, over 1,020 tokens.
+MAX_PPL_RATIO = 1.02
 
 
 def _needs_smollm2() -> None:

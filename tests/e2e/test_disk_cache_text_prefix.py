@@ -1,7 +1,14 @@
 """The rendered-text prefix lookup on real SmolLM2: after a restart the next turn's prompt is
 the stored checkpoint's exact tokens (prompt + sampled answer) + the tokenized rest, so all of
-the stored KV is reused, and the answer equals that of an engine without the disk tier fed the
-same tokens."""
+the stored KV is reused, and the answer equals the one the same server gives without the restart
+(its RAM prefix cache holding the same turn).
+
+Not the answer of a cold engine fed the same tokens: the previous answer's KV was written by
+decode steps (int4 weights, the decode attention), which a cold prefill computes with other
+arithmetic, so the two differ wherever greedy decoding meets a near-tie (on a 2-core AVX512-BF16
+EPYC: "\n" or end of turn at the 20th token). What that reuse costs is measured, not asserted
+token by token: `kvserve bench quality --mode reuse` (docs/numerics.md). That a prefix-cache hit
+over prompt tokens changes nothing is tests/e2e/test_engine_real.py's."""
 
 from __future__ import annotations
 
@@ -76,6 +83,8 @@ def test_next_turn_reuses_the_sampled_tokens_through_the_text_lookup(tmp_path: P
     assert prompt2[: len(stored)] == stored and len(stored) >= len(prompt1)
     tokens, cached = _generate(second, "t2", prompt2)
     assert cached == min(len(stored), (len(prompt2) - 1) // 16 * 16)
-    cold = EngineCore(dataclasses.replace(config, kv_store=None), first.loaded)
-    assert _generate(cold, "t2", prompt2) == (tokens, 0)
+    # The same two turns on a server that was never restarted: the same KV from its RAM cache.
+    no_restart = EngineCore(dataclasses.replace(config, kv_store=None), first.loaded)
+    assert _generate(no_restart, "t1", prompt1)[0] == answer_ids
+    assert _generate(no_restart, "t2", prompt2) == (tokens, cached)
     second.shutdown()
