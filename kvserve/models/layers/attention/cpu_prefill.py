@@ -5,7 +5,7 @@ tensor, no repeat of grouped KV heads).
 
 fp32 runs everywhere the kernels build (oneDNN's fp32 micro-kernels). bf16 runs where the CPU has
 AMX tiles or AVX512-BF16 (oneDNN's bf16 micro-kernels take B in the VNNI pair layout on both): on a
-2-core AVX512-BF16 EPYC without AMX it was 2.6-3.5x torch's SDPA at 2,048-row chunks. (An earlier
+2-core AVX512-BF16 EPYC without AMX it was 2.4-3.5x torch's SDPA at 2,048-row chunks. (An earlier
 measurement had it twice as slow as SDPA there, but on an AMX Xeon with AMX turned off through
 ONEDNN_MAX_CPU_ISA, not on a CPU of that kind.) A prompt's KV still does not depend on how it was
 chunked: the kernel takes keys in blocks aligned to absolute positions.
