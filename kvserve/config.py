@@ -160,15 +160,9 @@ def _torch_dtype(name: str) -> torch.dtype:
 
 def cpu_has_fast_bf16() -> bool:
     """True with AMX or AVX512-BF16, where oneDNN's bf16 matmuls beat fp32; elsewhere bf16 is emulated."""
-    return _cpuinfo_has("amx_bf16") or _cpuinfo_has("avx512_bf16")
+    from kvserve.models.layers import cpu_ext  # here: it reads the KVSERVE_* switches at import
 
-
-def _cpuinfo_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            return any(flag in line.split() for line in f if line.startswith("flags"))
-    except OSError:
-        return False
+    return cpu_ext.has_fast_bf16()
 
 
 def resolve_weight_quant(config: EngineConfig, file_quant: WeightQuantName | None) -> EngineConfig:

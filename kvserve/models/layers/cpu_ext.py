@@ -45,6 +45,12 @@ def cpu_flags() -> set[str]:
         return set()
 
 
+def has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: oneDNN's bf16 matmuls beat fp32 there; elsewhere bf16 is emulated."""
+    flags = cpu_flags()
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 @functools.cache
 def load() -> Any | None:
     """The compiled extension module, or None (logged once) where it cannot run here."""

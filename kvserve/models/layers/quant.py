@@ -183,16 +183,14 @@ def _dense_rows(
     # Each block's product goes straight into its rows of the output, cast on the way (one pass; a
     # cat of the blocks and then a cast were two over a 2,048-row step's activations); only a short
     # last block is padded.
+    packed = packed if block == ROW_BLOCK else None  # packed for ROW_BLOCK-row calls only
     out = torch.empty(rows, weight.shape[0], dtype=out_dtype, device=x.device)
     for start in range(0, rows, block):
         part = x[start : start + block]
         n = part.shape[0]
         if n < block:
             part = torch.cat([part, part.new_zeros(block - n, part.shape[1])])
-        if packed is not None and block == ROW_BLOCK:
-            y = mkldnn_linear(part, packed, bias)
-        else:
-            y = F.linear(part, weight, bias)
+        y = F.linear(part, weight, bias) if packed is None else mkldnn_linear(part, packed, bias)
         out[start : start + n].copy_(y[:n])
     return out
 

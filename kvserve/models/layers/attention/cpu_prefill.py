@@ -40,7 +40,7 @@ class CpuPrefillKernel:
         """The kernel for prompt rows computed in `dtype` on this CPU, or None (torch's SDPA then)."""
         if not switches().is_cpu_prefill_attention_enabled or dtype not in _TILES:
             return None
-        if dtype == torch.bfloat16 and not _has_fast_bf16():
+        if dtype == torch.bfloat16 and not (cpu_ext.has_fast_bf16() and torch.backends.mkldnn.is_available()):
             return None
         return CpuPrefillKernel(dtype) if cpu_ext.load() is not None else None
 
@@ -81,8 +81,3 @@ class CpuPrefillKernel:
             self.key_block,
         )  # [kv_heads, group, rows, dim] fp32
         return out.permute(2, 0, 1, 3).reshape(num_queries, num_heads, head_dim).to(q.dtype)
-
-
-def _has_fast_bf16() -> bool:
-    flags = cpu_ext.cpu_flags()
-    return ("amx_bf16" in flags or "avx512_bf16" in flags) and torch.backends.mkldnn.is_available()
