@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from kvserve.bench.process_tree import process_tree
-from tests.serve_process import REPO, free_port
+from tests.serve_process import REPO, child_env, free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -27,12 +27,7 @@ def _env() -> dict[str, str]:
     # The workers import this checkout's kvserve (not another editable install's). Token auth off, and
     # said so: Ray 2.60 turns it on for `ray start` when ~/.ray/auth_token exists, which any local
     # `ray.init()` on this machine writes, and then the two nodes disagree.
-    return {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_AUTH_MODE": "disabled",
-    }
+    return child_env(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
 
 
 def _node_ports() -> list[str]:

@@ -23,6 +23,14 @@ from kvserve.cli.serve import add_serve_args
 REPO = Path(__file__).resolve().parents[1]
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child that must import this checkout's kvserve: the checkout
+    first on PYTHONPATH and whatever the caller had there after it (packages installed outside the
+    virtualenv, e.g. a `pip install --target` folder, which replacing PYTHONPATH would hide)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -33,7 +41,7 @@ def start_server(args: Sequence[str], log: Path, timeout_s: float = 180.0) -> tu
     """Start `kvserve serve ARGS` (its output appended to `log`); returns once /health answers."""
     port = free_port()
     command = [sys.executable, "-m", "kvserve", "serve", "--port", str(port), *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     with log.open("a") as out:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"

@@ -4,7 +4,6 @@ gives the same greedy tokens as a cold run, each save trigger, disabled and unus
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from kvserve.engine.sampling_params import SamplingParams
 from kvserve.kvstore.chunk_format import chunk_file_size
 from kvserve.models.rope_scaling import ContextRequest
 from tests.engine.conftest import VOCAB, load_tiny, make_engine
+from tests.serve_process import child_env
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -238,7 +238,7 @@ def test_kill_9_during_checkpoint_writes_never_leaves_a_corrupt_entry(
     then verifies clean, and an engine over it serves from disk with the cold run's tokens."""
     cache = tmp_path / "kv"
     rng = random.Random(0)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = child_env()
     num_started = kills = 0
     while num_started < 50:  # a few lives, each killed after ~17 saves (startup is the slow part)
         worker = subprocess.Popen(

@@ -5,7 +5,6 @@ done, and each chunk is stored once."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from kvserve.kvstore.chunk_format import decode_chunk
 from kvserve.kvstore.manifest import decode_manifest
 from kvserve.kvstore.shared.keys import chunk_key, manifest_key, parse_key
 from kvserve.kvstore.shared.object_store import ObjectStore
-from tests.serve_process import REPO
+from tests.serve_process import REPO, child_env
 from tests.unit.kvstore.kvstore_helpers import bits, kv_for, make_identity
 
 # Four interpreters at once: tens of seconds on a loaded 2-core machine.
@@ -34,7 +33,7 @@ def test_concurrent_writers_never_corrupt_the_shared_tier(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     location, endpoint = shared_location
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = child_env(OMP_NUM_THREADS="1")
     workers = [
         subprocess.Popen(
             [

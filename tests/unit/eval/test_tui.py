@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import signal
 import sys
 import time
@@ -29,6 +28,7 @@ from kvserve.eval.tui import _handle, _View
 from kvserve.serving.chat_service import ChatService
 from kvserve.serving.chat_settings import ChatServiceSettings
 from tests.api.fake_engine import FakeEngine, FakeTokenizerInfo, reply
+from tests.serve_process import child_env
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -56,7 +56,7 @@ def test_tui_runs_pauses_reruns_and_quits_with_the_report(url: str, tmp_path: Pa
         ["-m", "kvserve", "--log-level", "WARNING", "eval", "--url", url, "--suite", "smoke",
          "--domain", "arithmetic", "--domain", "science", "--trace", str(trace)],
         cwd=str(ROOT),
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"},
+        env=child_env(TERM="xterm-256color"),
         dimensions=(30, 120),
         encoding="utf-8",
         timeout=180,  # the child imports torch: slow on a loaded 2-core machine
@@ -97,7 +97,7 @@ def test_ctrl_c_in_plain_mode_still_reports(tmp_path: Path) -> None:
             sys.executable,
             ["-m", "kvserve", "--log-level", "WARNING", "eval", "--url", base, "--suite", "smoke", "--plain"],
             cwd=str(ROOT),
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env=child_env(),
             encoding="utf-8",
             timeout=180,  # the child imports torch: slow on a loaded 2-core machine
             preexec_fn=_default_sigint,
