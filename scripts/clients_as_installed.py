@@ -1,7 +1,7 @@
-"""Claude Code and Codex as a user installs them, run N times each against a running `make serve`:
+"""Claude Code, Codex and OpenCode as a user installs them, run N times each against a running `make serve`:
 the pinned npm versions the suite uses (tests/npm_clients.py), their default set-ups (Claude Code
 `-p` without `--bare`, told only ANTHROPIC_BASE_URL and a dummy key; Codex with the README's
-provider block), a few one-line questions in turn, all runs in one project folder as a user's
+provider block; OpenCode with the README's opencode.json), a few one-line questions in turn, all runs in one project folder as a user's
 would be. Reports each run's exit status and wall time, and the share that exited 0.
 
     make serve &                                   # in another terminal: 127.0.0.1:8000
@@ -27,7 +27,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.npm_clients import CLAUDE_CODE, CODEX, installed_client
+from tests.npm_clients import CLAUDE_CODE, CODEX, OPENCODE, installed_client, opencode_config
 
 QUESTIONS = (
     "Say hello.",
@@ -53,7 +53,7 @@ def main() -> None:
     )
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--clients", default="claude,codex")
+    parser.add_argument("--clients", default="claude,codex,opencode")
     parser.add_argument("--timeout", type=float, default=600, help="seconds before a run counts as hung")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -66,7 +66,18 @@ def main() -> None:
     base_env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_"))
+        if not k.startswith(
+            (
+                "ANTHROPIC_",
+                "CLAUDE_",
+                "OPENAI_",
+                "CODEX_",
+                "OPENCODE_",
+                "XDG_CONFIG_",
+                "XDG_DATA_",
+                "XDG_STATE_",
+            )
+        )
     }
     base_env["HOME"] = str(home)
     results: dict[str, list[dict]] = {}
@@ -83,6 +94,14 @@ def main() -> None:
             (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=args.url, ctx=ctx))
             env = base_env | {"CODEX_HOME": str(codex_home), "KVSERVE_API_KEY": "dummy"}
             command = [str(binary), "exec", "--skip-git-repo-check"]
+        elif name == "opencode":
+            binary = installed_client(OPENCODE, cache)
+            ctx = httpx.get(f"{args.url}/v1/models").json()["data"][0]["context_length"]
+            config = home / ".config" / "opencode" / "opencode.json"
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(json.dumps(opencode_config(f"{args.url}/v1", ctx), indent=2))
+            env = base_env
+            command = [str(binary), "run"]
         else:
             parser.error(f"unknown client {name!r}")
         results[name] = [

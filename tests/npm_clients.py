@@ -1,4 +1,4 @@
-"""Real coding clients (Claude Code, Codex) installed from npm for the end-to-end tests: pinned, once
+"""Real coding clients (Claude Code, Codex, OpenCode, pi) installed from npm for the end-to-end tests: pinned, once
 per version under pytest's cache directory, or a skip that says why (no Node/npm, no network)."""
 
 from __future__ import annotations
@@ -33,6 +33,27 @@ class NpmClient:
 CLAUDE_CODE = NpmClient("@anthropic-ai/claude-code", "2.1.332", "claude")
 CODEX = NpmClient("@openai/codex", "0.171.0", "codex")
 PI = NpmClient("@mariozechner/pi-coding-agent", "0.73.1", "pi")
+OPENCODE = NpmClient("opencode-ai", "1.18.33", "opencode")
+
+
+def opencode_config(base_url: str, context: int) -> dict:
+    """The README's OpenCode provider block (`~/.config/opencode/opencode.json`): kvserve as an
+    OpenAI-compatible provider, its context told so that OpenCode compacts a session before it."""
+    model = {"name": "SmolLM2 135M", "limit": {"context": context, "output": 4096}}
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "kvserve": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "kvserve (local)",
+                "options": {"baseURL": base_url},
+                "models": {"smollm2": model},
+            }
+        },
+        "model": "kvserve/smollm2",
+        "autoupdate": False,
+        "share": "disabled",
+    }
 
 
 def installed_client(client: NpmClient, cache_dir: Path, timeout_s: float = 600) -> Path:

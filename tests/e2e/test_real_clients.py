@@ -1,4 +1,4 @@
-"""Real Claude Code 2.1.332 and Codex 0.171.0 (from npm) against `kvserve serve` with `make serve`'s
+"""Real Claude Code 2.1.332, Codex 0.171.0 and OpenCode 1.18.33 (from npm) against `kvserve serve` with `make serve`'s
 own settings (the default model, SmolLM2, at the Makefile's --ctx; no sampling or output flags: the
 server's sampling defaults are all a client gets; the disk KV tier in a temporary directory), each
 run twice non-interactively in the same project: both runs exit 0, every request the client sends
@@ -8,7 +8,8 @@ of its prompt cached.
 Each client runs in two set-ups: its default one, as a user installs it (Claude Code `-p` with its
 12.6K-token system prompt and tools; Codex with only the README's provider block, 9.2K tokens), and
 its slim one (Claude Code `--bare`; Codex with short instructions and no multi-agent, goal or
-web-search tools; 1-2K tokens). A recording proxy between client and server keeps every exchange.
+web-search tools; 1-2K tokens). OpenCode runs its default set-up only (`opencode run`, the README's
+provider block in its global config: its build agent, 10 tools, ~7.7K tokens). A recording proxy between client and server keeps every exchange.
 Figures: docs/clients.md.
 
 Where a client cannot be installed (no Node or npm, no registry), its recorded first request
@@ -19,6 +20,7 @@ runs, its default set-up's first request is that request, live, and the recordin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -31,7 +33,7 @@ import pytest
 
 from kvserve.models.aliases import list_known_models
 from tests.e2e.client_fixtures import check_claude_code_stream, check_codex_stream, post_fixture
-from tests.npm_clients import CLAUDE_CODE, CODEX, NpmClient, installed_client
+from tests.npm_clients import CLAUDE_CODE, CODEX, OPENCODE, NpmClient, installed_client, opencode_config
 from tests.recording_proxy import Exchange, RecordingProxy, recording_proxy
 from tests.serve_process import running_server
 
@@ -100,6 +102,11 @@ def codex(clients_cache: Path) -> Path:
     return installed_client(CODEX, clients_cache)
 
 
+@pytest.fixture(scope="module")
+def opencode(clients_cache: Path) -> Path:
+    return installed_client(OPENCODE, clients_cache)
+
+
 # The clients come before `served` in the arguments: a skip for want of Node or npm starts no server.
 @pytest.mark.parametrize("setup", SETUPS)
 def test_claude_code_twice(claude: Path, served: Proxied, tmp_path: Path, setup: str) -> None:
@@ -136,6 +143,32 @@ def test_codex_twice(codex: Path, served: Proxied, tmp_path: Path, setup: str) -
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
     if setup == "default":
         assert runs[0].num_prompt_tokens > TRAINED_CONTEXT, runs[0]
+
+
+def test_opencode_twice(opencode: Path, served: Proxied, tmp_path: Path) -> None:
+    """OpenCode sends two requests at once: a title for the session (no tools, ~600 tokens) and the
+    turn itself (its build agent's 10 tools, ~7.7K tokens); the turn is the one whose cache counts."""
+    env = _client_env(tmp_path)
+    config = Path(env["HOME"]) / ".config" / "opencode" / "opencode.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(opencode_config(served.url + "/v1", int(make_serve_args()[1])), indent=2))
+    command = [str(opencode), "run", QUESTION]
+    runs = [
+        _run_client(
+            command,
+            env,
+            tmp_path,
+            served.proxy,
+            "/v1/chat/completions",
+            _chat_usage,
+            main_request=lambda requests: max(requests, key=lambda e: len(e.request_body)),
+        )
+        for _ in range(2)
+    ]
+    _report("opencode", runs)
+    turn = max(runs[0].exchanges, key=lambda e: len(e.request_body)).request_json()
+    assert len(turn["tools"]) >= 5 and turn["stream_options"]["include_usage"], sorted(turn)
+    assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
 
 
 def test_claude_codes_recorded_first_request_where_it_cannot_run(
@@ -197,7 +230,16 @@ def _client_env(tmp_path: Path) -> dict[str, str]:
     """This environment without the user's client settings and keys, and a fresh home for the client."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    prefixes = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_")
+    prefixes = (
+        "ANTHROPIC_",
+        "CLAUDE_",
+        "OPENAI_",
+        "CODEX_",
+        "OPENCODE_",
+        "XDG_CONFIG_",
+        "XDG_DATA_",
+        "XDG_STATE_",
+    )
     return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)} | {"HOME": str(home)}
 
 
@@ -208,9 +250,11 @@ def _run_client(
     proxy: RecordingProxy,
     model_path: str,
     usage_of: Callable[[Exchange], tuple[int, int]],
+    main_request: Callable[[list[Exchange]], Exchange] = lambda requests: requests[0],
 ) -> ClientRun:
-    """One run in the same project folder each time (both clients put the working directory in
-    their prompt), checked: exit 0, every exchange 200, every model stream complete."""
+    """One run in the same project folder each time (the clients put the working directory in
+    their prompt), checked: exit 0, every exchange 200, every model stream complete. The run's
+    figures are its main request's (by default its first)."""
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
     proxy.take()
@@ -240,9 +284,9 @@ def _run_client(
             exchange.content_type,
             exchange.response_body[-1500:],
         )
-    num_prompt, num_cached = usage_of(model_requests[0])
-    for exchange in model_requests[1:]:
-        usage_of(exchange)  # each stream complete, not only the first
+    for exchange in model_requests:
+        usage_of(exchange)  # each stream complete, not only the main one
+    num_prompt, num_cached = usage_of(main_request(model_requests))
     return ClientRun(wall_s, exchanges, num_prompt, num_cached)
 
 
@@ -268,10 +312,19 @@ def _responses_usage(exchange: Exchange) -> tuple[int, int]:
     return usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
 
 
+def _chat_usage(exchange: Exchange) -> tuple[int, int]:
+    """(prompt tokens, cached) of a complete Chat Completions stream (`include_usage`: its last chunk)."""
+    events = exchange.sse_events()
+    finish = [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")]
+    assert finish and finish[-1] in ("stop", "tool_calls"), finish
+    usage = events[-1]["usage"]
+    return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+
 def _report(client: str, runs: list[ClientRun]) -> None:
     for number, run in enumerate(runs, 1):
         requests = ", ".join(f"{e.method} {e.path}" for e in run.exchanges)
         print(
-            f"{client} run {number}: {run.wall_s:.1f} s, first request {run.num_prompt_tokens} prompt tokens, "
+            f"{client} run {number}: {run.wall_s:.1f} s, main request {run.num_prompt_tokens} prompt tokens, "
             f"{run.num_cached_tokens} cached ({run.cached_fraction:.1%}); requests: {requests}"
         )
