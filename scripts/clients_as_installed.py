@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.npm_clients import CLAUDE_CODE, CODEX, OPENCODE, installed_client, opencode_config
+from tests.npm_clients import CLAUDE_CODE, CODEX, OPENCODE, client_env, installed_client, opencode_config
 
 QUESTIONS = (
     "Say hello.",
@@ -63,23 +62,7 @@ def main() -> None:
     home, project = work / "home", work / "project"
     home.mkdir()
     project.mkdir()
-    base_env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(
-            (
-                "ANTHROPIC_",
-                "CLAUDE_",
-                "OPENAI_",
-                "CODEX_",
-                "OPENCODE_",
-                "XDG_CONFIG_",
-                "XDG_DATA_",
-                "XDG_STATE_",
-            )
-        )
-    }
-    base_env["HOME"] = str(home)
+    base_env = client_env(home)
     results: dict[str, list[dict]] = {}
     for name in args.clients.split(","):
         if name == "claude":

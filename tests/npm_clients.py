@@ -36,6 +36,25 @@ PI = NpmClient("@mariozechner/pi-coding-agent", "0.73.1", "pi")
 OPENCODE = NpmClient("opencode-ai", "1.18.33", "opencode")
 
 
+# The user's own client settings and keys, which a client run on a fresh home must not see.
+_USER_SETTINGS = (
+    "ANTHROPIC_",
+    "CLAUDE_",
+    "OPENAI_",
+    "CODEX_",
+    "OPENCODE_",
+    "XDG_CONFIG_",
+    "XDG_DATA_",
+    "XDG_STATE_",
+)
+
+
+def client_env(home: Path) -> dict[str, str]:
+    """This environment without the user's client settings and keys, with `home` as the client's home
+    (its config and data under it: XDG's config, data and state folders default to it)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_USER_SETTINGS)} | {"HOME": str(home)}
+
+
 def opencode_config(base_url: str, context: int) -> dict:
     """The README's OpenCode provider block (`~/.config/opencode/opencode.json`): kvserve as an
     OpenAI-compatible provider, its context told so that OpenCode compacts a session before it."""

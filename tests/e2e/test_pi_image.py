@@ -16,6 +16,7 @@ import pytest
 from tests.e2e.test_real_clients import (
     MIN_CACHED_FRACTION,
     Proxied,
+    _chat_usage,
     _client_env,
     _report,
     _run_client,
@@ -23,7 +24,7 @@ from tests.e2e.test_real_clients import (
 )
 from tests.models.tiny_vlm import save_tiny_vlm
 from tests.npm_clients import PI, installed_client
-from tests.recording_proxy import Exchange, recording_proxy
+from tests.recording_proxy import recording_proxy
 from tests.serve_process import running_server
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -97,12 +98,3 @@ def test_pi_sends_a_screenshot_twice(pi: Path, vision_served: Proxied, tmp_path:
     ]
     assert images and images[0]["image_url"]["url"].startswith("data:image/png;base64,"), first_request
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
-
-
-def _chat_usage(exchange: Exchange) -> tuple[int, int]:
-    """(prompt tokens, cached) of a complete Chat Completions stream (its usage chunk)."""
-    events = exchange.sse_events()
-    assert events and events[-1].get("usage"), events[-3:]
-    assert any(c.get("finish_reason") for e in events for c in e.get("choices", [])), events[-3:]
-    usage = events[-1]["usage"]
-    return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
