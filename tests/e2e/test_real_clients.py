@@ -152,14 +152,20 @@ def test_codex_twice(codex: Path, served: Proxied, tmp_path: Path, setup: str) -
         assert runs[0].num_prompt_tokens > TRAINED_CONTEXT, runs[0]
 
 
-def test_opencode_twice(opencode: Path, served: Proxied, tmp_path: Path) -> None:
+def test_opencode_twice_then_a_continued_session(opencode: Path, served: Proxied, tmp_path: Path) -> None:
     """OpenCode sends two requests at once: a title for the session (no tools, ~600 tokens) and the
-    turn itself (its build agent's 10 tools, ~7.7K tokens); the turn is the one whose cache counts."""
+    turn itself (its build agent's 10 tools, ~7.7K tokens); the turn is the one whose cache counts.
+    A third run continues the second's session (`--continue`): its prompt is that turn's plus the
+    answer OpenCode got, so the whole previous prompt must come from the cache."""
     env = _client_env(tmp_path)
     config = Path(env["HOME"]) / ".config" / "opencode" / "opencode.json"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(opencode_config(served.url + "/v1", int(make_serve_args()[1])), indent=2))
-    command = [str(opencode), "run", QUESTION]
+    commands = [
+        [str(opencode), "run", QUESTION],
+        [str(opencode), "run", QUESTION],
+        [str(opencode), "run", "--continue", "And of Germany?"],
+    ]
     runs = [
         _run_client(
             command,
@@ -170,12 +176,18 @@ def test_opencode_twice(opencode: Path, served: Proxied, tmp_path: Path) -> None
             _chat_usage,
             main_request=lambda requests: max(requests, key=lambda e: len(e.request_body)),
         )
-        for _ in range(2)
+        for command in commands
     ]
     _report("opencode", runs)
     turn = max(runs[0].exchanges, key=lambda e: len(e.request_body)).request_json()
     assert len(turn["tools"]) >= 5 and turn["stream_options"]["include_usage"], sorted(turn)
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
+    continued = max(runs[2].exchanges, key=lambda e: len(e.request_body)).request_json()
+    assert [m["role"] for m in continued["messages"]][-3:] == ["user", "assistant", "user"], continued[
+        "messages"
+    ]
+    block = 16  # the KV's block size: a hit ends on a block boundary
+    assert runs[2].num_cached_tokens >= runs[1].num_prompt_tokens - block + 1, (runs[1], runs[2])
 
 
 def test_claude_codes_recorded_first_request_where_it_cannot_run(
