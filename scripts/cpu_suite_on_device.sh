@@ -32,11 +32,11 @@ case ${1:-} in
     export PYTHONPATH=/root/site CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 PATH=/root/site/bin:$PATH
     { lscpu | grep "Model name"; grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' '
       echo; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-      git log --oneline -1 2>/dev/null; } | tee "$OUT/env.txt"
+    } | tee "$OUT/env.txt"  # (no git log: the device's .git can be older than the tree it was sent)
     MAX_JOBS=16 python3 -m kvserve.models.layers.cpu_ext 2>&1 | tail -1
     # 6 workers of 2 threads (OMP_NUM_THREADS above; tests/conftest.py gives each worker its share).
     timeout "${SUITE_TIMEOUT:-480}" python3 -m pytest -q -n 6 --dist loadfile --timeout 300 -p no:cacheprovider \
-      -rfE "${@:2}" 2>&1 | tee "$OUT/suite.txt" | tail -"${TAIL:-60}" ;;
+      -rfEs "${@:2}" 2>&1 | tee "$OUT/suite.txt" | tail -"${TAIL:-60}" ;;
   *)
     echo "usage: $0 stage PATH... | run [pytest args, default: tests]" >&2; exit 2 ;;
 esac

@@ -226,7 +226,9 @@ def start_server(
     command = [sys.executable, "-m", "kvserve", "serve", "--port", str(port), "--kv-cache-dir", str(cache)]
     if not preload:  # then the first turns load their prefix from disk themselves
         command.append("--no-kv-cache-preload")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "KVSERVE_KV_WRITE_DELAY_MS": str(delay_ms)}
+    # This checkout first, the caller's PYTHONPATH after it (packages installed outside the venv).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "KVSERVE_KV_WRITE_DELAY_MS": str(delay_ms)}
     with log.open("ab") as out:
         process = subprocess.Popen([*command, *serve_args], cwd=REPO, env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
