@@ -92,9 +92,20 @@ def anthropic_error_body(status: int, message: str, extra: dict[str, Any] | None
     return {"type": "error", "error": {"type": error_type, "message": message, **(extra or {})}}
 
 
+def anthropic_message(error: ApiError) -> str:
+    """The Messages API's own wording where it has one. A context overflow reads as Anthropic's
+    "prompt is too long: N tokens > M maximum": Claude Code recognizes an overflow by that phrase
+    and reads N and M from it to compact the conversation and retry (with the OpenAI wording it
+    showed an API error and stopped). M is the longest prompt the server takes: a prompt must leave
+    room for one token of output, so it is the context size less one."""
+    if error.code == "context_length_exceeded" and {"n_prompt_tokens", "n_ctx"} <= error.extra.keys():
+        return f"prompt is too long: {error.extra['n_prompt_tokens']} tokens > {error.extra['n_ctx'] - 1} maximum"
+    return error.message
+
+
 def error_response(path: str, error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
     if is_anthropic_path(path):
-        body = anthropic_error_body(error.status, error.message, error.extra)
+        body = anthropic_error_body(error.status, anthropic_message(error), error.extra)
     else:
         body = openai_error_body(error.status, error.message, error.param, error.code, error.extra)
     return JSONResponse(body, status_code=error.status, headers=headers)

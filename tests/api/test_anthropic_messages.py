@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import anthropic
 import pytest
 
 from kvserve.api.anthropic_messages.adapter import MessagesStreamEncoder
+from kvserve.api.errors import ApiError, anthropic_message
 from kvserve.serving.events import (
     Finished,
     ReasoningDelta,
@@ -192,6 +194,23 @@ async def test_context_overflow_in_anthropic_shape() -> None:
         )
     error = info.value.body["error"]
     assert error["n_ctx"] == 32 and error["n_prompt_tokens"] >= 40
+    # Anthropic's wording, which Claude Code parses to compact and retry (its regex, 2.1.332).
+    assert error["message"] == f"prompt is too long: {error['n_prompt_tokens']} tokens > 31 maximum"
+    match = re.match(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", error["message"], re.IGNORECASE)
+    assert match and int(match[1]) - int(match[2]) == error["n_prompt_tokens"] - 31
+
+
+def test_a_prompt_of_exactly_the_context_is_one_token_over() -> None:
+    """The longest prompt taken is the context less one (one token of output must fit): a prompt of
+    exactly the context size reads one token over; other errors keep their own message."""
+    overflow = ApiError(
+        400,
+        "Prompt has 32 tokens, but the configured context size is 32 tokens",
+        code="context_length_exceeded",
+        extra={"n_prompt_tokens": 32, "n_ctx": 32},
+    )
+    assert anthropic_message(overflow) == "prompt is too long: 32 tokens > 31 maximum"
+    assert anthropic_message(ApiError(400, "max_tokens: must be >= 1")) == "max_tokens: must be >= 1"
 
 
 async def test_count_tokens(harness: Harness) -> None:
