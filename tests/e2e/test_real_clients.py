@@ -1,5 +1,5 @@
-"""Real Claude Code 2.1.332, Codex 0.171.0 and OpenCode 1.18.33 (from npm) against `kvserve serve` with `make serve`'s
-own settings (the default model, SmolLM2, at the Makefile's --ctx; no sampling or output flags: the
+"""Real Claude Code 2.1.332, Codex 0.171.0 and OpenCode 1.18.33 (from npm) against `kvserve serve`
+with `make serve`'s own settings (the default model, SmolLM2, at the Makefile's --ctx; no sampling or output flags: the
 server's sampling defaults are all a client gets; the disk KV tier in a temporary directory), each
 run twice non-interactively in the same project: both runs exit 0, every request the client sends
 is answered 200 and every model stream is complete, and the second run's first request finds >= 95%
@@ -9,7 +9,8 @@ Each client runs in two set-ups: its default one, as a user installs it (Claude 
 12.6K-token system prompt and tools; Codex with only the README's provider block, 9.2K tokens), and
 its slim one (Claude Code `--bare`; Codex with short instructions and no multi-agent, goal or
 web-search tools; 1-2K tokens). OpenCode runs its default set-up only (`opencode run`, the README's
-provider block in its global config: its build agent, 10 tools, ~7.7K tokens). A recording proxy between client and server keeps every exchange.
+provider block in its global config: its build agent, 10 tools, ~7.7K tokens). A recording proxy
+between client and server keeps every exchange.
 Figures: docs/clients.md.
 
 Where a client cannot be installed (no Node or npm, no registry), its recorded first request
@@ -174,15 +175,15 @@ def test_opencode_twice_then_a_continued_session(opencode: Path, served: Proxied
             served.proxy,
             "/v1/chat/completions",
             _chat_usage,
-            main_request=lambda requests: max(requests, key=lambda e: len(e.request_body)),
+            main_request=_largest,
         )
         for command in commands
     ]
     _report("opencode", runs)
-    turn = max(runs[0].exchanges, key=lambda e: len(e.request_body)).request_json()
+    turn = _largest(runs[0].exchanges).request_json()
     assert len(turn["tools"]) >= 5 and turn["stream_options"]["include_usage"], sorted(turn)
     assert runs[1].cached_fraction >= MIN_CACHED_FRACTION, runs[1]
-    continued = max(runs[2].exchanges, key=lambda e: len(e.request_body)).request_json()
+    continued = _largest(runs[2].exchanges).request_json()
     assert [m["role"] for m in continued["messages"]][-3:] == ["user", "assistant", "user"], continued[
         "messages"
     ]
@@ -319,6 +320,11 @@ def _responses_usage(exchange: Exchange) -> tuple[int, int]:
     ]
     usage = events[-1]["response"]["usage"]
     return usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+
+
+def _largest(exchanges: list[Exchange]) -> Exchange:
+    """The exchange with the largest request: OpenCode's turn beside its title request."""
+    return max(exchanges, key=lambda e: len(e.request_body))
 
 
 def _chat_usage(exchange: Exchange) -> tuple[int, int]:
