@@ -181,6 +181,8 @@ class CausalLMBase(nn.Module):
         """One token's float32 logits [1, vocab] and their argmax [1] from one fused GEMV
         (layers/gemv.py: logits_argmax), or None where that path does not apply. compute_logits
         takes it too, so a token's logits are the same bits whether or not its argmax is wanted."""
+        if not hidden.is_cuda:  # the GEMV is Triton's, which is not installed everywhere the CPU runs
+            return None
         from kvserve.models.layers import fused_ops, gemv
 
         plain = (
