@@ -12,7 +12,7 @@ import torch
 from kvserve.config import EngineConfig
 from kvserve.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from kvserve.models.layers import cpu_ext
-from kvserve.models.layers.quant import apply_weight_quant, default_max_quant_rows
+from kvserve.models.layers.quant import apply_dense_rows, apply_weight_quant, default_max_quant_rows
 from kvserve.models.loaded import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,10 @@ def resolve_kv_pool(config: EngineConfig, loaded: LoadedModel) -> tuple[int, int
             default_max_quant_rows(config.weight_quant, config.torch_dtype),
             "; larger ones (prefill) on the int4 x int8 GEMM (--int8-prefill)" if config.int8_prefill else "",
         )
+    elif config.device == "cpu" and config.tensor_parallel_size == 1:
+        # Dense weights: torch's CPU GEMMs pick their kernel by row count, so the rows go in calls whose
+        # bits depend on nothing but the row (quant.DenseRowsLinear).
+        apply_dense_rows(loaded.model)
     return max_model_len, _resolve_num_blocks(config, loaded, max_model_len)
 
 

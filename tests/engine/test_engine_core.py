@@ -167,3 +167,18 @@ def test_out_of_vocabulary_ids_are_rejected_before_queueing(engine: EngineCore) 
         engine.make_request("oov", [1, 2, VOCAB], GREEDY)
     with pytest.raises(ValueError, match="token ids"):
         engine.make_request("bias", [1, 2], SamplingParams(logit_bias=((VOCAB + 5, 1.0),)))
+
+
+def test_a_dense_cpu_engine_wraps_its_projections_and_head(engine: EngineCore) -> None:
+    """make_engine's dense fp32 engine: every decoder projection a DenseRowsLinear under its old name,
+    the LM head a DenseRowsHead over the tied embedding, and mixed steps split (model_runner)."""
+    from torch import nn
+
+    from kvserve.models.layers.quant import DenseRowsHead, DenseRowsLinear
+
+    model = engine.runner.model
+    projections = [m for m in model.model.modules() if isinstance(m, nn.Linear)]
+    assert projections and all(type(m) is DenseRowsLinear for m in projections)
+    assert isinstance(model.head_quant, DenseRowsHead)
+    assert model.head_quant.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert engine.runner.split_mixed_steps

@@ -66,10 +66,11 @@ def _decode_with_arrivals(engine, prompt: list[int], arrive_every: int, rng: ran
     return tokens
 
 
-@pytest.mark.parametrize("scheme", ["int4", "int8"])
+@pytest.mark.parametrize("scheme", ["int4", "int8", "none"])
 def test_a_decode_does_not_depend_on_prompts_arriving_beside_it(tiny_llama_dir: Path, scheme: str) -> None:
     """Fresh engines each time (no prefix cache shared between the runs). A random tiny model's
-    logits are nearly flat, so any change in a decode row's arithmetic moves its greedy tokens."""
+    logits are nearly flat, so any change in a decode row's arithmetic moves its greedy tokens.
+    "none": the dense engine's rows (quant.DenseRowsLinear), split from the prompt rows the same way."""
     rng = random.Random(0)
     for trial in range(4):
         prompt = [rng.randrange(VOCAB) for _ in range(20 + 7 * trial)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from kvserve.models.layers.quant import WeightOnlyLinear, quantize_int4
 
@@ -69,7 +70,6 @@ def test_bf16_prefill_gate_up_keeps_its_bf16_output_for_down_proj() -> None:
     """Under bf16_prefill the MLP stays in bf16 between its GEMMs: gate/up hands its bf16 output on
     as it is (for prompt batches only), down_proj takes bf16 in and gives the residual stream fp32,
     and every apply_weight_quant'ed model wires it so (only gate_up_proj keeps bf16)."""
-    from torch import nn
 
     from kvserve.models.common import MLP
     from kvserve.models.config import ModelArchConfig
@@ -125,3 +125,40 @@ def test_dense_rows_do_not_depend_on_how_many_come_together(dtype: torch.dtype, 
             assert torch.equal(part, full[start : start + rows]), (rows, start)
     # The same product as one F.linear, up to its rounding.
     torch.testing.assert_close(full, F.linear(x.to(dtype), weight, bias).to(x.dtype), rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_dense_engines_rows_do_not_depend_on_the_rows_beside_them(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dense CPU engine (--weight-quant none) wraps its projections in DenseRowsLinear: a decode
+    step's row (up to MAX_DECODE_ROWS of them) and a prompt's row get the same bits however many
+    rows share the call. Plain
+    F.linear does not promise it: fp32 rows 1-3 of a 1536 x 576 product differ from a larger call's
+    on the AVX512-BF16 EPYC, bf16 rows from 3 up on a Xeon with AMX (where the crash harness's
+    cached turn answered otherwise than the cold server)."""
+    from kvserve.models.layers import quant
+
+    gen = torch.Generator().manual_seed(1)
+    linear = nn.Linear(576, 1536).to(dtype)
+    layer = quant.DenseRowsLinear(linear)
+    assert layer.weight is linear.weight and layer.bias is linear.bias  # the layer's own parameters
+    x = torch.randn(2 * quant.ROW_BLOCK + 9, 576, generator=gen).to(dtype)
+    with torch.no_grad():
+        decode = layer(x[: quant.MAX_DECODE_ROWS])  # outside a prompt step: decode rows
+        for rows in (1, 2, 3, 4, 5, 8, 11):
+            for start in (0, 5):
+                assert torch.equal(layer(x[start : start + rows]), decode[start : start + rows]), (
+                    rows,
+                    start,
+                )
+        monkeypatch.setattr(quant, "step_computes_prompt", lambda: True)
+        prompt = layer(x)
+        for rows in (1, 3, 17, 100, 131):
+            for start in (0, 5):
+                assert torch.equal(layer(x[start : start + rows]), prompt[start : start + rows]), (
+                    rows,
+                    start,
+                )
+        torch.testing.assert_close(prompt, linear(x), rtol=2e-2, atol=5e-2)
+        torch.testing.assert_close(decode, linear(x[: len(decode)]), rtol=2e-2, atol=5e-2)

@@ -81,11 +81,13 @@ class ModelRunner:
             if isinstance(self.model, ImageInputModel)
             else None
         )
-        # Low-bit decode copies (--weight-quant, CPU): decode rows of a step that also computes prompt
-        # tokens run in a forward of their own (see _forward_eager).
-        from kvserve.models.layers.quant import WeightOnlyLinear
+        # Low-bit decode copies (--weight-quant, CPU) and dense CPU rows: decode rows of a step that also
+        # computes prompt tokens run in a forward of their own (see _forward_eager).
+        from kvserve.models.layers.quant import DenseRowsLinear, WeightOnlyLinear
 
-        self.split_mixed_steps = any(isinstance(m, WeightOnlyLinear) for m in self.model.modules())
+        self.split_mixed_steps = any(
+            isinstance(m, (WeightOnlyLinear, DenseRowsLinear)) for m in self.model.modules()
+        )
         self.graphs = None
         if device.type == "cuda" and not enforce_eager and isinstance(backend, CapturesDecode):
             from kvserve.engine.runner.cuda_graphs import DecodeGraphs

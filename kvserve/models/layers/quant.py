@@ -17,6 +17,7 @@ Q4 checkpoint round-trips up to rounding of its scales). int8: symmetric per out
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 from kvserve.env import switches
 from kvserve.models.layers import cpu_ext, lowbit_cpu
 from kvserve.models.layers.attention.metadata import step_computes_prompt
+from kvserve.models.layers.linear import MergedLinear
 
 WeightQuant = Literal["none", "int8", "int4"]
 INT4_GROUP_SIZE = 32
@@ -184,6 +186,11 @@ def _dense_rows(
     # cat of the blocks and then a cast were two over a 2,048-row step's activations); only a short
     # last block is padded.
     packed = packed if block == ROW_BLOCK else None  # packed for ROW_BLOCK-row calls only
+    if rows <= block:  # one call (a decode step's rows): its first rows, no copy
+        if rows < block:
+            x = torch.cat([x, x.new_zeros(block - rows, x.shape[1])])
+        y = F.linear(x, weight, bias) if packed is None else mkldnn_linear(x, packed, bias)
+        return y[:rows].to(out_dtype)
     out = torch.empty(rows, weight.shape[0], dtype=out_dtype, device=x.device)
     for start in range(0, rows, block):
         part = x[start : start + block]
@@ -193,6 +200,78 @@ def _dense_rows(
         y = F.linear(part, weight, bias) if packed is None else mkldnn_linear(part, packed, bias)
         out[start : start + n].copy_(y[:n])
     return out
+
+
+# Decode rows of a dense CPU engine (--weight-quant none): a step's few rows, whose bits must not
+# depend on how many sequences decode together. Where `row_block()` is 0 (AVX2) one call padded to
+# MIN_GEMM_ROWS already promises it. On AVX-512 only calls of one size do: bf16 rows go in calls of
+# exactly DECODE_BLOCK_BF16 (the last padded), fp32 rows one call each (MKL's GEMV), up to
+# MAX_DECODE_ROWS; more rows than that (a --max-num-seqs above the CPU default of 16, or the quality
+# scorer's prompt rows through the LM head) go as prompt rows do. A decode step is bound by reading
+# the weights, so a few rows cost about one: ms a step of SmolLM2's shapes (30 layers' projections
+# from DRAM and the LM head) by rows in one call, 2 threads (scripts/dense_decode_rows.py):
+#   AMX Xeon       bf16 1: 31.3, 2: 28.6, 4: 29.1, 8: 30.9, 16: 28.5; fp32 1: 22.6, 2: 26.8, 4: 46.2, 8: 62.8
+#   AVX512-BF16 EPYC bf16 1: 21.5-23.3, 2: 19.7-23.3, 4: 23.3-26.0, 8: 24.5-28.1, 16: 30.5-35.2;
+#                  fp32 1: 48.1, 2: 87.2, 4: 69.6, 8: 62.3
+DECODE_BLOCK_BF16 = 4
+MAX_DECODE_ROWS = 16
+
+
+def decode_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear of a decode step's rows, each row's bits independent of the rows beside it."""
+    if not row_block() or x.shape[0] > MAX_DECODE_ROWS:
+        return _dense_rows(x, weight, bias, x.dtype)
+    block = DECODE_BLOCK_BF16 if weight.dtype == torch.bfloat16 else 1
+    return _dense_rows(x, weight, bias, x.dtype, block=block)
+
+
+class DenseRowsLinear(nn.Linear):
+    """A dense CPU engine's linear (--weight-quant none): prompt rows as `_dense_rows` computes them
+    (`row_block()`'s calls), a decode step's rows as `decode_rows` does; either way a row's bits
+    depend on nothing but the row. torch's own CPU GEMMs pick their kernel by row count, so on a
+    Xeon with AMX a bf16 prompt's KV depended on where a prefix-cache hit split it (the crash
+    harness's cached turn answered otherwise than the cold server), and any row on what shared its
+    step. The parameters are the wrapped layer's own."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        nn.Module.__init__(self)
+        assert linear.weight.device.type == "cpu", "CPU only"
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.packed = pack_dense_weight(self.weight.data)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if step_computes_prompt():
+            return _dense_rows(x, self.weight, self.bias, x.dtype, self.packed)
+        return decode_rows(x, self.weight, self.bias)
+
+
+class DenseRowsHead(nn.Module):
+    """The LM head of a dense CPU engine (`head_quant`): one row per sampling sequence, as decode rows.
+    It holds the head's (or the tied embedding's) tensors without registering them again."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return decode_rows(x, self.weight, self.bias)
+
+
+def apply_dense_rows(model: nn.Module) -> int:
+    """Wrap every plain nn.Linear of the decoder (`model.model`) and the LM head of a dense CPU engine
+    in DenseRowsLinear, in place; returns how many projections were wrapped. Tensor-parallel layers
+    (MergedLinear's and nn.Linear's other subclasses) and a vision tower beside the decoder stay as
+    they are."""
+    head = getattr(model, "lm_head", None)
+    targets = _decoder_linears(model, lambda child: type(child) in (nn.Linear, MergedLinear))
+    for parent, name, child in targets:
+        setattr(parent, name, DenseRowsLinear(child))
+    if hasattr(model, "head_quant") and model.head_quant is None:
+        weight = model.model.embed_tokens.weight if head is None else head.weight
+        bias = None if head is None or head.bias is None else head.bias.data
+        model.head_quant = DenseRowsHead(weight.data, bias)
+    return len(targets)
 
 
 def mkldnn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -262,13 +341,7 @@ def apply_weight_quant(
     if scheme == "none":
         return 0
     head = getattr(model, "lm_head", None)
-    decoder = getattr(model, "model", model)
-    targets = [
-        (parent, name, child)
-        for parent in decoder.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear) and child is not head
-    ]
+    targets = _decoder_linears(model, lambda child: isinstance(child, nn.Linear))
     for parent, name, child in targets:
         # Under bf16_prefill the gated MLP stays in bf16 between its two GEMMs (activation included):
         # an fp32 round trip of its 2 x intermediate-wide output would be most of the casts a bf16
@@ -285,6 +358,21 @@ def apply_weight_quant(
             weight.data, None, "int8", quantize_input=False, prompt_dense=False
         )
     return len(targets)
+
+
+def _decoder_linears(
+    model: nn.Module, takes: Callable[[nn.Module], bool]
+) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, name, layer) of the decoder's (`model.model`'s, else `model`'s) layers that `takes`,
+    the LM head aside."""
+    head = getattr(model, "lm_head", None)
+    decoder = getattr(model, "model", model)
+    return [
+        (parent, name, child)
+        for parent in decoder.modules()
+        for name, child in parent.named_children()
+        if takes(child) and child is not head
+    ]
 
 
 def _bias(linear: nn.Linear) -> torch.Tensor | None:
